@@ -1,0 +1,136 @@
+"""ModelBackend for transformers/PyTorch causal LMs, with a preallocated position-pointer KV cache."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Sequence
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from ..kvcache import ContextOverflowError, PreallocatedKV
+
+
+class _PointerLayer(DynamicLayer):
+    """A transformers cache layer backed by PreallocatedKV: update writes in place, crop moves the pointer."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.store = PreallocatedKV(capacity)
+
+    def lazy_initialization(self, key_states, value_states, *args, **kwargs) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = self.store.append(key_states, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self, *args, **kwargs) -> int:
+        return self.store.length
+
+    def get_max_length(self) -> int:
+        return self.store.capacity
+
+    def crop(self, tokens_to_remove: int) -> None:
+        # transformers passes a negative count, or (legacy) the absolute length to keep.
+        if tokens_to_remove < 0:
+            self.store.trim(-tokens_to_remove)
+        else:
+            self.store.trim(self.store.length - tokens_to_remove)
+
+    def reset(self) -> None:
+        self.store.length = 0
+
+
+class PointerCache(Cache):
+    """A transformers Cache whose rollback is O(1): trim(n) moves every layer's position pointer back."""
+
+    def __init__(self, num_layers: int, capacity: int):
+        super().__init__(layers=[_PointerLayer(capacity) for _ in range(num_layers)])
+        self._capacity = capacity
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].store.length
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def trim(self, n: int) -> int:
+        dropped = 0
+        for layer in self.layers:
+            dropped = layer.store.trim(n)
+        return dropped
+
+
+class TransformersBackend:
+    """Wraps a loaded transformers causal LM (already in its weight format) behind ModelBackend."""
+
+    def __init__(self, model, tokenizer=None, name: str = "model", max_context: int | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        config = model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.num_layers = int(text_config.num_hidden_layers)
+        self.vocab_size = int(model.get_output_embeddings().out_features) if hasattr(
+            model.get_output_embeddings(), "out_features"
+        ) else int(text_config.vocab_size)
+        model_limit = int(getattr(text_config, "max_position_embeddings", 0) or 0) or 1 << 20
+        self.max_context = min(max_context or model_limit, model_limit)
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.device = next(model.parameters()).device
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in params
+        self.forward_calls = 0
+        self.forward_seconds = 0.0
+
+    def new_cache(self, capacity: int | None = None) -> PointerCache:
+        return PointerCache(self.num_layers, capacity or self.max_context)
+
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int], cache: PointerCache, num_logits: int = 1) -> torch.Tensor:
+        """Append tokens to cache; return float logits [num_logits, vocab] for the last positions."""
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        start = cache.length
+        if start + n > cache.capacity:
+            raise ContextOverflowError(
+                f"{start + n} tokens exceed the context of {cache.capacity} tokens for {self.name}"
+            )
+        num_logits = max(1, min(num_logits, n))
+        began = time.perf_counter()
+        input_ids = torch.as_tensor([list(tokens)], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + n, device=self.device).unsqueeze(0)
+        kwargs = {self._cache_kwarg: cache, "position_ids": positions, "use_cache": True}
+        if self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = num_logits
+        try:
+            out = self.model(input_ids=input_ids, **kwargs)
+        except BaseException:
+            # A failed forward may have written some layers; put every layer back where it was.
+            for layer in cache.layers:
+                layer.store.length = start
+            raise
+        logits = out.logits[0, -num_logits:].float()
+        self.forward_calls += 1
+        self.forward_seconds += time.perf_counter() - began
+        return logits
+
+
+def _eos_ids(model, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value if v is not None)
+    return frozenset(ids)

@@ -1,0 +1,76 @@
+"""Weight formats for CPU inference (fp32, bf16, int8) applied in place to a torch model's linear layers."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import WEIGHT_FORMATS
+
+# Extra input columns that pin every row's dynamic-quantization range to exactly [-1, 1].
+_RANGE_PAD = 8
+
+
+class RowExactInt8Linear(nn.Module):
+    """int8 weights (per output channel) with int8 activations quantized per row, row-independently.
+
+    fbgemm's dynamic linear picks one activation range for the whole batch, so a row's result
+    would depend on which other rows it is batched with: verifying k+1 positions at once would
+    not reproduce one-at-a-time decoding. Each row is scaled to max |x| = 1 and two constant
+    columns (-1 and +1, against zero weights) pin the batch range to [-1, 1]; the integer GEMM is
+    then exact per row and the output is rescaled. Rows are bit-identical batched or alone.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        out_features, in_features = weight.shape
+        padded = torch.cat([weight, weight.new_zeros(out_features, _RANGE_PAD)], dim=1)
+        scales = (padded.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
+        zero_points = torch.zeros(out_features, dtype=torch.long)
+        qweight = torch.quantize_per_channel(padded, scales, zero_points, 0, torch.qint8)
+        self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        pad = torch.zeros(1, _RANGE_PAD)
+        pad[0, 0], pad[0, 1] = -1.0, 1.0
+        self.register_buffer("_pad", pad, persistent=False)
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.register_buffer("bias", bias, persistent=False)
+        self.in_features, self.out_features = in_features, out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, self.in_features).float()
+        scale = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
+        padded = torch.cat([rows / scale, self._pad.expand(rows.shape[0], -1)], dim=1)
+        out = torch.ops.quantized.linear_dynamic(padded, self._packed, True) * scale
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features).to(x.dtype)
+
+
+def _replace_linears(module: nn.Module, make) -> int:
+    count = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, make(child))
+            count += 1
+        else:
+            count += _replace_linears(child, make)
+    return count
+
+
+def apply_weight_format(model: nn.Module, weight_format: str) -> nn.Module:
+    """Convert the model in place; the same call must be used for every model being compared."""
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weight_format!r}; choose from {', '.join(WEIGHT_FORMATS)}")
+    if weight_format == "fp32":
+        return model.float()
+    if weight_format == "bf16":
+        return model.to(torch.bfloat16)
+    model.float()
+    if "fbgemm" in torch.backends.quantized.supported_engines:
+        torch.backends.quantized.engine = "fbgemm"
+    # Tied input/output embeddings: the LM head gets its own int8 copy, the embedding stays fp32.
+    with torch.no_grad():
+        _replace_linears(model, RowExactInt8Linear)
+    return model

@@ -1,0 +1,140 @@
+"""Frozen, validated configuration types (sampling, speculation, model pair) with a JSON round-trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+WEIGHT_FORMATS = ("fp32", "bf16", "int8")
+
+
+class ConfigError(ValueError):
+    """A user-supplied option is invalid; the message says which and why."""
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen. temperature == 0 means greedy (exact argmax path)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1.0 disables
+    min_p: float = 0.0  # 0.0 disables
+    max_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        _check(
+            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0,
+            f"temperature must be a finite number >= 0, got {self.temperature!r}",
+        )
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
+        _check(
+            isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
+            f"top_p must be in (0, 1], got {self.top_p!r}",
+        )
+        _check(
+            isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1,
+            f"min_p must be in [0, 1), got {self.min_p!r}",
+        )
+        _check(
+            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
+        )
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+        _check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How speculation runs: drafter name, draft length k, and the drafting policy knobs."""
+
+    num_speculative_tokens: int = 5
+    drafter: str = "draft_model"
+    # Stop drafting once the draft's top probability falls below this (llama.cpp --draft-p-min).
+    draft_p_min: float = 0.0
+    # Choose k per step from online estimates of acceptance and cost ("fixed", "adaptive", "heuristic").
+    k_policy: str = "fixed"
+    # Prompt-lookup n-gram sizes (used by lookup drafters).
+    lookup_max_ngram: int = 3
+    lookup_min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        k = self.num_speculative_tokens
+        _check(isinstance(k, int) and 1 <= k <= 64, f"num_speculative_tokens (k) must be an integer in [1, 64], got {k!r}")
+        _check(
+            isinstance(self.draft_p_min, (int, float)) and 0 <= self.draft_p_min < 1,
+            f"draft_p_min must be in [0, 1), got {self.draft_p_min!r}",
+        )
+        _check(
+            self.k_policy in ("fixed", "adaptive", "heuristic"),
+            f"k_policy must be one of fixed, adaptive, heuristic; got {self.k_policy!r}",
+        )
+        _check(
+            1 <= self.lookup_min_ngram <= self.lookup_max_ngram,
+            "lookup n-gram sizes must satisfy 1 <= min <= max",
+        )
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Where a model comes from: a hub id (org/name[@rev]), a local directory, a .gguf file, or 'default'."""
+
+    target: str = "default"
+    draft: str | None = "default"
+    weight_format: str = "int8"
+    max_context: int = 4096
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        _check(bool(self.target), "a target model is required")
+        _check(
+            self.weight_format in WEIGHT_FORMATS,
+            f"weight format must be one of {', '.join(WEIGHT_FORMATS)}; got {self.weight_format!r}",
+        )
+        _check(
+            isinstance(self.max_context, int) and self.max_context >= 16,
+            f"max_context must be an integer >= 16, got {self.max_context!r}",
+        )
+
+
+def to_json(obj: Any) -> str:
+    """Serialise one of the config dataclasses to JSON."""
+    return json.dumps({"type": type(obj).__name__, **dataclasses.asdict(obj)}, sort_keys=True)
+
+
+_TYPES = {cls.__name__: cls for cls in (SamplingParams, SpecConfig, ModelRef)}
+
+
+def from_json(text: str) -> Any:
+    """Inverse of to_json; validates like the constructor does."""
+    data = json.loads(text)
+    cls = _TYPES.get(data.pop("type", None))
+    _check(cls is not None, "unknown config type in JSON")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    _check(not unknown, f"unknown fields for {cls.__name__}: {sorted(unknown)}")
+    if "stop" in data:
+        data["stop"] = tuple(data["stop"])
+    return cls(**data)
+
+
+__all__ = ["ConfigError", "SamplingParams", "SpecConfig", "ModelRef", "WEIGHT_FORMATS", "to_json", "from_json"]

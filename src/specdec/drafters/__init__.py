@@ -1,0 +1,6 @@
+"""Drafters behind one protocol; importing this package registers the built-in ones."""
+
+from . import draft_model  # noqa: F401  (registers "draft_model")
+from .base import Draft, Drafter, available_drafters, create_drafter, register_drafter
+
+__all__ = ["Draft", "Drafter", "available_drafters", "create_drafter", "register_drafter"]

@@ -1,0 +1,59 @@
+"""The Drafter protocol, the Draft it returns, and the public name -> drafter registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from ..config import SamplingParams, SpecConfig
+
+
+@dataclass
+class Draft:
+    """Proposed tokens [k] and, for a stochastic drafter, their distributions q [k, V] (None = deterministic)."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+    seconds: float = 0.0  # wall time spent proposing, for the cost model
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes continuations and learns from how many were accepted.
+
+    The engine owns the sequence; a drafter only reads it. `begin` is called once per request with
+    the prompt, `propose(context, k)` sees every token so far (prompt + emitted), and `accepted`
+    reports how many of the last draft survived so the drafter can roll its own state back.
+    """
+
+    name: str
+
+    def begin(self, prompt: Sequence[int], params: SamplingParams, generator: torch.Generator) -> None: ...
+
+    def propose(self, context: Sequence[int], k: int) -> Draft: ...
+
+    def accepted(self, num_accepted: int, num_proposed: int) -> None: ...
+
+    def end(self) -> None: ...
+
+
+DrafterFactory = Callable[..., Drafter]
+_REGISTRY: dict[str, DrafterFactory] = {}
+
+
+def register_drafter(name: str, factory: DrafterFactory) -> None:
+    """Make a drafter available by name (CLI --drafter, server, bench)."""
+    _REGISTRY[name] = factory
+
+
+def available_drafters() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def create_drafter(name: str, *, draft_backend=None, spec: SpecConfig | None = None, **kwargs) -> Drafter:
+    """Build a registered drafter; draft_backend is passed to drafters that need a model."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown drafter {name!r}; available: {', '.join(available_drafters())}")
+    return _REGISTRY[name](draft_backend=draft_backend, spec=spec or SpecConfig(drafter=name), **kwargs)

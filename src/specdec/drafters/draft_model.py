@@ -1,0 +1,80 @@
+"""Drafter that runs a small causal LM autoregressively, with its own KV cache rolled back after verification."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from ..config import SamplingParams, SpecConfig
+from ..sampling import greedy_tokens, probabilities, sample_token
+from .base import Draft, register_drafter
+
+
+class DraftModelDrafter:
+    """Proposes up to k tokens from a draft model; q goes through the same sampling transform as the target.
+
+    Cache invariant between calls: the draft cache holds a prefix of the engine's context, so each
+    propose() first feeds whatever the cache is missing (the recovered/bonus token, and after a
+    fully accepted draft, the last draft token) in one forward.
+    """
+
+    name = "draft_model"
+
+    def __init__(self, draft_backend, spec: SpecConfig | None = None, **_: object):
+        if draft_backend is None:
+            raise ValueError("the draft_model drafter needs a draft model (--draft)")
+        self.backend = draft_backend
+        self.spec = spec or SpecConfig()
+        self.cache = None
+        self._fed_draft = 0  # draft tokens written to the cache by the last propose()
+
+    def begin(self, prompt: Sequence[int], params: SamplingParams, generator: torch.Generator) -> None:
+        self.params = params
+        self.generator = generator
+        if self.cache is None:
+            self.cache = self.backend.new_cache(self.backend.max_context)
+        self.cache.trim(self.cache.length)
+        self._fed_draft = 0
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        began = time.perf_counter()
+        room = self.cache.capacity - len(context)
+        k = max(0, min(k, room))
+        if k == 0:
+            return Draft([], None, time.perf_counter() - began)
+        logits = self.backend.forward(list(context[self.cache.length :]), self.cache, num_logits=1)[-1]
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(k):
+            if self.params.greedy:
+                token = int(greedy_tokens(logits))
+                top_prob = float(torch.softmax(logits, dim=-1)[token]) if self.spec.draft_p_min > 0 else 1.0
+            else:
+                q = probabilities(logits, self.params)
+                token = sample_token(q, self.generator)
+                top_prob = float(q.max())
+                rows.append(q)
+            if i > 0 and top_prob < self.spec.draft_p_min:
+                if rows:
+                    rows.pop()
+                break
+            tokens.append(token)
+            if i < k - 1:
+                logits = self.backend.forward([token], self.cache, num_logits=1)[-1]
+        self._fed_draft = len(tokens) - 1 if len(tokens) == k else len(tokens)
+        # The cache now holds context + every proposed token except possibly the last.
+        probs = torch.stack(rows) if rows else None
+        return Draft(tokens, probs, time.perf_counter() - began)
+
+    def accepted(self, num_accepted: int, num_proposed: int) -> None:
+        self.cache.trim(max(0, self._fed_draft - num_accepted))
+        self._fed_draft = 0
+
+    def end(self) -> None:
+        if self.cache is not None:
+            self.cache.trim(self.cache.length)
+
+
+register_drafter("draft_model", lambda draft_backend=None, spec=None, **kw: DraftModelDrafter(draft_backend, spec))

@@ -1,0 +1,184 @@
+"""The speculative decode loop (draft, verify in one target pass, roll back, emit) and the plain baseline on the same backend."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+
+from .config import SamplingParams, SpecConfig
+from .drafters.base import Draft, Drafter
+from .kvcache import ContextOverflowError
+from .metrics import SpecStats
+from .policy import make_policy
+from .sampling import greedy_tokens, make_generator, probabilities
+from .textstream import TextStream
+from .verify import verify_greedy, verify_sampled
+
+
+@dataclass
+class Chunk:
+    """What one engine step emits: tokens, whether each came from the draft, and the safe text delta."""
+
+    tokens: list[int]
+    from_draft: list[bool]
+    text: str = ""
+    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+
+
+@dataclass
+class Generation:
+    """A finished request: all tokens, the text, why it ended, and its statistics."""
+
+    tokens: list[int]
+    text: str
+    finish_reason: str
+    stats: SpecStats
+    from_draft: list[bool] = field(default_factory=list)
+
+
+class SpeculativeEngine:
+    """Runs one request at a time over a target backend and an optional drafter.
+
+    With no drafter (or k = 0) each step is one target forward on the last token: plain
+    autoregressive decoding through exactly the same code, cache and weights.
+    """
+
+    def __init__(
+        self,
+        target,
+        drafter: Drafter | None = None,
+        spec: SpecConfig | None = None,
+        decode: Callable[[Sequence[int]], str] | None = None,
+    ):
+        self.target = target
+        self.drafter = drafter
+        self.spec = spec or SpecConfig()
+        self.decode = decode or _default_decoder(target)
+        self.cache = None
+        self.total_stats = SpecStats()
+
+    def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        """Refuse a request that cannot fit, before any work is done."""
+        if len(prompt) == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        limit = self.target.max_context
+        if len(prompt) + params.max_tokens > limit:
+            raise ContextOverflowError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the model context "
+                f"of {limit} tokens"
+            )
+        vocab = self.target.vocab_size
+        bad = [t for t in prompt if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+
+    def generate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
+        tokens: list[int] = []
+        from_draft: list[bool] = []
+        texts: list[str] = []
+        finish = "length"
+        stream = self.stream(prompt, params)
+        for chunk in stream:
+            tokens += chunk.tokens
+            from_draft += chunk.from_draft
+            texts.append(chunk.text)
+            finish = chunk.finish_reason or finish
+        return Generation(tokens, "".join(texts), finish, self.last_stats, from_draft)
+
+    def stream(self, prompt: Sequence[int], params: SamplingParams) -> Iterator[Chunk]:
+        """Yield Chunks until EOS, a stop string or max_tokens; stats land in self.last_stats."""
+        prompt = [int(t) for t in prompt]
+        self.check_request(prompt, params)
+        return self._run(prompt, params)
+
+    def _run(self, prompt: list[int], params: SamplingParams) -> Iterator[Chunk]:
+        stats = SpecStats(num_prompt_tokens=len(prompt))
+        self.last_stats = stats
+        began = time.perf_counter()
+        generator = make_generator(params.seed)
+        eos = frozenset() if params.ignore_eos else self.target.eos_token_ids
+        text = TextStream(self.decode, params.stop)
+        policy = make_policy(self.spec.k_policy, self.spec.num_speculative_tokens)
+        if self.cache is None:
+            self.cache = self.target.new_cache(self.target.max_context)
+        cache = self.cache
+        cache.trim(cache.length)
+        drafter = self.drafter
+        context = list(prompt)
+        generated = 0
+        try:
+            if len(prompt) > 1:
+                self.target.forward(prompt[:-1], cache, num_logits=1)
+            if drafter is not None:
+                drafter.begin(prompt, params, generator)
+            stats.prefill_seconds = time.perf_counter() - began
+            while True:
+                # Invariant: the target cache holds every context token except the last.
+                remaining = params.max_tokens - generated
+                room = cache.capacity - len(context)
+                k = min(policy.next_k(), remaining - 1, room - 1) if drafter is not None else 0
+                draft = drafter.propose(context, k) if k > 0 else Draft([])
+                proposed = draft.tokens[: max(k, 0)]
+                stats.draft_seconds += draft.seconds
+                target_began = time.perf_counter()
+                logits = self.target.forward([context[-1]] + proposed, cache, num_logits=len(proposed) + 1)
+                if params.greedy:
+                    verdict = verify_greedy(proposed, greedy_tokens(logits).tolist())
+                else:
+                    draft_probs = draft.probs[: len(proposed)] if draft.probs is not None else None
+                    verdict = verify_sampled(proposed, draft_probs, probabilities(logits, params), generator)
+                target_seconds = time.perf_counter() - target_began
+                stats.target_seconds += target_seconds
+                cache.trim(len(proposed) - verdict.num_accepted)
+                if drafter is not None and proposed:
+                    drafter.accepted(verdict.num_accepted, len(proposed))
+                policy.update(len(proposed), verdict.num_accepted, draft.seconds, target_seconds)
+                stats.record_step(len(proposed), verdict.num_accepted)
+
+                new_tokens = proposed[: verdict.num_accepted] + [verdict.next_token]
+                new_from_draft = [True] * verdict.num_accepted + [False]
+                finish = None
+                for i, token in enumerate(new_tokens):
+                    if token in eos:
+                        new_tokens, new_from_draft, finish = new_tokens[: i + 1], new_from_draft[: i + 1], "stop"
+                        break
+                if len(new_tokens) >= remaining:
+                    new_tokens, new_from_draft = new_tokens[:remaining], new_from_draft[:remaining]
+                    finish = finish or "length"
+                context += new_tokens
+                generated += len(new_tokens)
+                stats.num_generated_tokens = generated
+                visible = [t for t in new_tokens if t not in eos]
+                delta = text.push(visible)
+                if text.stopped:
+                    finish = "stop"
+                if finish is not None and not text.stopped:
+                    delta += text.flush()
+                stats.total_seconds = time.perf_counter() - began
+                yield Chunk(new_tokens, new_from_draft, delta, finish)
+                if finish is not None:
+                    return
+        finally:
+            stats.total_seconds = time.perf_counter() - began
+            self.total_stats.merge(stats)
+            # Leave both caches empty and consistent even when the caller abandons the stream.
+            cache.trim(cache.length)
+            if drafter is not None:
+                drafter.end()
+
+
+def _default_decoder(backend) -> Callable[[Sequence[int]], str]:
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is not None:
+        return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
+    return lambda ids: " ".join(str(i) for i in ids)
+
+
+def plain_engine(target, decode=None) -> SpeculativeEngine:
+    """The autoregressive baseline: the same loop and backend with no drafter."""
+    return SpeculativeEngine(target, None, SpecConfig(), decode)
+
+
+__all__ = ["Chunk", "Generation", "SpeculativeEngine", "plain_engine"]

@@ -1,0 +1,55 @@
+"""One logits -> probabilities transform (temperature, top-k, top-p, min-p), applied identically to draft and target."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import SamplingParams
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn logits [..., V] into the sampling distribution [..., V] (float32, rows sum to 1).
+
+    Each row is transformed independently, so a row's result does not depend on which other
+    positions were batched with it: the draft's q and the target's p see exactly the same rule.
+    Greedy (temperature 0) is not a distribution; callers use `greedy_tokens` for it.
+    """
+    if params.greedy:
+        raise ValueError("greedy sampling has no distribution; use greedy_tokens()")
+    scores = logits.float() / params.temperature
+    if params.top_k and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        # Keep the smallest prefix whose mass reaches top_p; the top token is always kept.
+        drop_sorted = mass_before >= params.top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+    if params.min_p > 0.0:
+        threshold = params.min_p * probs.amax(dim=-1, keepdim=True)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Argmax over the vocabulary, ties to the lowest id (same as torch.argmax and HF greedy)."""
+    return torch.argmax(logits, dim=-1)
+
+
+def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from a 1-D distribution."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A CPU generator seeded from the request (or from fresh entropy when seed is None)."""
+    generator = torch.Generator(device="cpu")
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator

@@ -1,0 +1,56 @@
+"""Tiny random-weight models built in the test process (no downloads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from specdec.backends.transformers_backend import TransformersBackend
+
+VOCAB = 97
+
+
+def tiny_qwen2(seed: int, layers: int = 2, hidden: int = 64, vocab: int = VOCAB) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=3,
+        bos_token_id=1, pad_token_id=0, tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    # Larger weights give peaked, well-separated logits, so argmax is not decided by rounding.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    return model
+
+
+def tiny_llama(seed: int, vocab: int = VOCAB) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, eos_token_id=3, bos_token_id=1,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def target_model():
+    return tiny_qwen2(seed=0, layers=3)
+
+
+@pytest.fixture(scope="session")
+def draft_model():
+    return tiny_qwen2(seed=1, layers=1)
+
+
+@pytest.fixture()
+def target_backend(target_model):
+    return TransformersBackend(target_model, name="tiny-target", max_context=256)
+
+
+@pytest.fixture()
+def draft_backend(draft_model):
+    return TransformersBackend(draft_model, name="tiny-draft", max_context=256)
