@@ -1,0 +1,22 @@
+"""specdec public API: load a target/draft pair, then generate or stream losslessly with speculative decoding."""
+
+from .config import ConfigError, ModelRef, SamplingParams, SpecConfig
+from .engine import Chunk, Generation, SpeculativeEngine, plain_engine
+from .metrics import SpecStats
+from .pipeline import SpecDecoder
+
+__version__ = "0.1.0"
+
+
+def load(target: str = "default", draft: str | None = "default", weight_format: str = "int8",
+         max_context: int = 4096, spec: SpecConfig | None = None) -> SpecDecoder:
+    """Load a model pair ('default' = the packaged Qwen2.5-Coder 1.5B target and 0.5B draft)."""
+    target = "default-target" if target == "default" else target
+    draft = "default-draft" if draft == "default" else draft
+    return SpecDecoder.load(ModelRef(target, draft, weight_format, max_context), spec)
+
+
+__all__ = [
+    "Chunk", "ConfigError", "Generation", "ModelRef", "SamplingParams", "SpecConfig", "SpecDecoder",
+    "SpecStats", "SpeculativeEngine", "load", "plain_engine", "__version__",
+]

@@ -1,0 +1,108 @@
+"""The `specdec` console script: generate, serve and bench subcommands with clear errors instead of tracebacks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+from .cli_common import (
+    add_model_arguments,
+    add_sampling_arguments,
+    add_spec_arguments,
+    model_ref_from_args,
+    sampling_from_args,
+    spec_from_args,
+    validate_early,
+)
+from .config import ConfigError
+
+DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
+
+
+class UserError(Exception):
+    """An error caused by the user's input; printed as one line, exit code 2."""
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    from .kvcache import ContextOverflowError
+    from .models import ModelLoadError, VocabMismatchError
+
+    return (ConfigError, ModelLoadError, VocabMismatchError, ContextOverflowError, UserError, ValueError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="generate text speculatively and compare with plain decoding")
+    add_model_arguments(gen)
+    add_spec_arguments(gen)
+    add_sampling_arguments(gen)
+    gen.add_argument("--prompt", "-p", default=DEFAULT_PROMPT, help="prompt text (default: a coding prompt)")
+    gen.add_argument("--prompt-file", "-f", default=None, help="read the prompt from this file")
+    gen.add_argument("--no-chat", dest="chat", action="store_false", default=None,
+                     help="send the prompt raw instead of through the tokenizer's chat template")
+    gen.add_argument("--no-compare", dest="compare", action="store_false",
+                     help="skip the plain-decoding run (no speedup figure)")
+    gen.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
+    gen.add_argument("--json", action="store_true", help="print the result and statistics as JSON")
+    gen.set_defaults(handler=_run_generate)
+
+    for module in ("specdec.server.cli", "specdec.bench.cli"):
+        try:
+            register = __import__(module, fromlist=["register"]).register
+        except ImportError:
+            continue
+        register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    except _expected_errors() as exc:
+        print(f"specdec {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from .report import format_generation_report, generation_report
+
+    validate_early(args)
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as handle:
+                args.prompt = handle.read()
+        except OSError as exc:
+            raise UserError(f"cannot read prompt file: {exc}") from exc
+    ref = model_ref_from_args(args)
+    from .pipeline import SpecDecoder
+
+    decoder = SpecDecoder.load(ref)
+    spec = spec_from_args(args, has_draft_model=decoder.draft is not None)
+    if spec.drafter == "none":
+        raise UserError("no drafter: give --draft MODEL or --drafter NAME")
+    params = sampling_from_args(args)
+    prompt_ids = decoder.encode(args.prompt, chat=args.chat)
+    report = generation_report(decoder, prompt_ids, params, spec, compare=args.compare, stream=args.stream and not args.json)
+    if args.json:
+        import json
+
+        print(json.dumps(report, indent=2))
+    else:
+        if not args.stream:
+            print(report["text"])
+        print()
+        print(format_generation_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Command-line flags shared by every subcommand (models, speculation, sampling) and their conversion to config."""
+
+from __future__ import annotations
+
+import argparse
+
+from .config import WEIGHT_FORMATS, ModelRef, SamplingParams, SpecConfig
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", nargs="?", default="default",
+        help="target model: hub id (org/name[@rev]), local directory, .gguf file, or 'default' "
+        "(Qwen2.5-Coder-1.5B-Instruct with the 0.5B as draft)",
+    )
+    parser.add_argument(
+        "--draft", "-md", "--model-draft", dest="draft", default=None,
+        help="draft model (same forms as the target); default: the default draft when the target is "
+        "'default', else none (use --drafter for model-free drafting)",
+    )
+    parser.add_argument(
+        "--weight-format", "--dtype", dest="weight_format", choices=WEIGHT_FORMATS, default="int8",
+        help="weights for both models: int8 (row-exact dynamic int8, fastest on CPU), bf16 or fp32 (default: int8)",
+    )
+    parser.add_argument("--max-context", "--max-model-len", dest="max_context", type=int, default=4096,
+                        help="KV cache capacity in tokens (prompt + generated); default 4096")
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-speculative-tokens", "-k", "--draft-max", dest="k", type=int, default=5,
+                        help="draft tokens per step (the maximum, for adaptive policies); default 5")
+    parser.add_argument("--drafter", default=None,
+                        help="drafter name (default: draft_model when a draft model is given)")
+    parser.add_argument("--k-policy", choices=("fixed", "adaptive", "heuristic"), default="fixed",
+                        help="how k is chosen per step: fixed, adaptive (cost model), heuristic (HF's +2/-1)")
+    parser.add_argument("--draft-p-min", type=float, default=0.0,
+                        help="stop drafting when the draft's top probability falls below this (default 0: off)")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", "-n", dest="max_tokens", type=int, default=128)
+    parser.add_argument("--temperature", "--temp", dest="temperature", type=float, default=0.0,
+                        help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true")
+
+
+def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
+    target = "default-target" if args.model == "default" else args.model
+    draft = args.draft
+    if draft is None and args.model == "default" and (getattr(args, "drafter", None) in (None, "draft_model", "hybrid")):
+        draft = "default-draft"
+    elif draft == "default":
+        draft = "default-draft"
+    return ModelRef(target=target, draft=draft, weight_format=args.weight_format, max_context=args.max_context)
+
+
+def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfig:
+    drafter = args.drafter or ("draft_model" if has_draft_model else "none")
+    return SpecConfig(
+        num_speculative_tokens=args.k, drafter=drafter, draft_p_min=args.draft_p_min, k_policy=args.k_policy,
+    )
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        max_tokens=args.max_tokens, stop=tuple(args.stop), seed=args.seed, ignore_eos=args.ignore_eos,
+    )
+
+
+def validate_early(args: argparse.Namespace) -> None:
+    """Check every cheap option before minutes are spent loading models."""
+    sampling_from_args(args)
+    spec_from_args(args, has_draft_model=True)
+    model_ref_from_args(args)

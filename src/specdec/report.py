@@ -1,0 +1,84 @@
+"""One speculative run beside plain decoding on the same weights: measured speedup, cost ratio and Leviathan bound."""
+
+from __future__ import annotations
+
+import sys
+from .config import SamplingParams, SpecConfig
+from .metrics import leviathan_speedup
+
+
+def _warm_up(decoder, prompt_ids, spec: SpecConfig) -> None:
+    """One short run of each path so first-call allocation is not timed (gpt-fast does the same)."""
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    decoder.generate(prompt_ids[-16:], params, spec)
+    decoder.generate(prompt_ids[-16:], params, SpecConfig(drafter="none"))
+
+
+def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig, compare: bool = True,
+                      stream: bool = False) -> dict:
+    """Run speculative (and, when compare, plain) decoding; return text and every figure we print."""
+    _warm_up(decoder, prompt_ids, spec)
+    draft = decoder.draft
+    draft_calls0 = draft.forward_calls if draft is not None else 0
+    draft_secs0 = draft.forward_seconds if draft is not None else 0.0
+    engine = decoder.engine(spec)
+    tokens: list[int] = []
+    text_parts: list[str] = []
+    finish = "length"
+    for chunk in engine.stream(prompt_ids, params):
+        tokens += chunk.tokens
+        text_parts.append(chunk.text)
+        finish = chunk.finish_reason or finish
+        if stream:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    if stream:
+        sys.stdout.write("\n")
+    stats = engine.last_stats
+    report = {
+        "text": "".join(text_parts),
+        "finish_reason": finish,
+        "prompt_tokens": len(prompt_ids),
+        "spec": {"drafter": spec.drafter, "k": spec.num_speculative_tokens, "k_policy": spec.k_policy},
+        "stats": stats.to_dict(),
+    }
+    draft_calls = (draft.forward_calls - draft_calls0) if draft is not None else 0
+    draft_per_forward = (draft.forward_seconds - draft_secs0) / draft_calls if draft_calls else 0.0
+    if compare:
+        plain = decoder.plain_engine().generate(prompt_ids, params)
+        target_per_forward = plain.stats.target_seconds / max(plain.stats.num_target_forwards, 1)
+        cost_ratio = draft_per_forward / target_per_forward if target_per_forward else 0.0
+        # Same number of tokens on both sides, so tokens/s compares like with like.
+        report["plain"] = plain.stats.to_dict()
+        report["speedup"] = round(stats.tokens_per_second / plain.stats.tokens_per_second, 3) \
+            if plain.stats.tokens_per_second else None
+        report["cost_ratio"] = round(cost_ratio, 4)
+        report["leviathan_bound"] = round(
+            leviathan_speedup(stats.acceptance_rate, spec.num_speculative_tokens, cost_ratio), 3
+        )
+        if params.greedy:
+            report["identical_to_plain"] = plain.tokens == tokens
+    return report
+
+
+def format_generation_report(report: dict) -> str:
+    stats = report["stats"]
+    lines = [
+        f"prompt tokens        {report['prompt_tokens']}",
+        f"generated tokens     {stats['num_generated_tokens']}  (finish: {report['finish_reason']})",
+        f"drafter              {report['spec']['drafter']}, k={report['spec']['k']} ({report['spec']['k_policy']})",
+        f"acceptance rate      {stats['acceptance_rate']:.3f}  (accepted / drafted tokens)",
+        f"mean accept. length  {stats['mean_acceptance_length']:.2f}  (tokens per target pass, incl. bonus)",
+        f"per-position accept  {', '.join(f'{x:.2f}' for x in stats['acceptance_rate_per_pos'])}",
+        f"speculative          {stats['tokens_per_second']:.2f} tokens/s",
+    ]
+    if "plain" in report:
+        lines += [
+            f"plain decoding       {report['plain']['tokens_per_second']:.2f} tokens/s (same weights, same run)",
+            f"speedup              {report['speedup']:.2f}x",
+            f"cost ratio c         {report['cost_ratio']:.3f}  (draft forward / target forward)",
+            f"Leviathan bound      {report['leviathan_bound']:.2f}x  (from measured acceptance and c)",
+        ]
+        if "identical_to_plain" in report:
+            lines.append(f"greedy identical     {'yes' if report['identical_to_plain'] else 'NO'}  (vs plain decoding)")
+    return "\n".join(lines)
