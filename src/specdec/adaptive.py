@@ -1,0 +1,219 @@
+"""AdaptiveK: choose each step's draft length k in [0, max_k] to maximise expected tokens per second under measured acceptance and costs.
+
+The cost model is Leviathan et al.'s, with every term measured online instead of assumed:
+
+    rate(k) = E[tokens | k] / (k * draft_cost + verify_cost(k + 1))
+
+- E[tokens | k] = 1 + sum_{j=1..k} prod_{i<j} a_i, where a_i = P(draft position i is accepted |
+  the verifier reached position i). With a_i = a for all i this is (1 - a^(k+1)) / (1 - a).
+  A step that proposed n tokens and had m accepted tells us positions 0..m-1 were accepted and,
+  if m < n, position m was rejected; positions after m were never looked at and teach nothing.
+- draft_cost is the drafter's seconds per proposed token (exponentially weighted).
+- verify_cost(s) is the target's seconds for one forward over s = k + 1 tokens: an exponentially
+  weighted mean per size, with a least-squares line (slope >= 0) through the sizes seen for sizes
+  not yet seen; flat ("verifying costs one forward") while one size is known, and never cheaper
+  than the smallest measured size for sizes below it, so unmeasured sizes are not chosen on a guess.
+- k = 0 is a plain decoding step (rate 1 / verify_cost(1)); it wins when drafts are mostly rejected
+  or the drafter is too slow to pay for itself.
+
+Every estimate is a decayed sum, so old evidence fades and the policy follows shifts in acceptance
+(e.g. the prompt stops being copied). A position's evidence fades only on steps that drafted it (new
+evidence could have arrived), and a position with little evidence borrows its predecessor's rate. Every `explore_every` steps it tries the best k +/- 1 so the
+neighbouring estimates do not go stale. Decisions are a pure function of the updates it was fed:
+no random numbers and no clock of its own, so it is unit-testable with synthetic timings.
+
+Note: in sampled mode the emitted text is exactly target-distributed whatever k is chosen, but the
+k sequence depends on wall-clock measurements, so the same seed reproduces the same text only with
+the fixed or heuristic policies (greedy output never depends on k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class _Ewma:
+    """Exponentially weighted mean that is the plain mean while it has fewer than 1/alpha samples."""
+
+    alpha: float
+    value: float = 0.0
+    count: int = 0
+
+    def add(self, x: float) -> None:
+        self.count += 1
+        weight = max(self.alpha, 1.0 / self.count)
+        self.value += weight * (x - self.value)
+
+
+class AdaptiveK:
+    """Per-request draft-length policy driven by a measured cost model (see the module docstring).
+
+    max_k:         the largest k ever proposed (SpecConfig.num_speculative_tokens).
+    prior_k:       k used until the first measurement arrives (default min(4, max_k)).
+    decay:         each step that drafts position i multiplies that position's old evidence by this
+                   (0.85 ~ the last 7 such steps); positions not drafted keep theirs until explored.
+    time_alpha:    EWMA weight of a new timing sample.
+    shrink:        pseudo-observations pulling each position's rate toward the overall rate, so a
+                   rarely reached position borrows strength from the others.
+    explore_every: every this many decisions, try best k + 1 or - 1 (alternating); 0 disables.
+    """
+
+    def __init__(
+        self,
+        max_k: int,
+        prior_k: int | None = None,
+        decay: float = 0.85,
+        time_alpha: float = 0.2,
+        shrink: float = 1.0,
+        explore_every: int = 8,
+        prior_acceptance: float = 0.5,
+    ):
+        if max_k < 0:
+            raise ValueError(f"max_k must be >= 0, got {max_k}")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.max_k = max_k
+        self.prior_k = min(4, max_k) if prior_k is None else max(0, min(prior_k, max_k))
+        self.decay = decay
+        self.time_alpha = time_alpha
+        self.shrink = shrink
+        self.explore_every = explore_every
+        self.prior_acceptance = prior_acceptance
+        # Decayed counts: position i reached by the verifier / accepted there.
+        self._reached = [0.0] * max_k
+        self._accepted = [0.0] * max_k
+        self._draft_cost = _Ewma(time_alpha)  # seconds per proposed token
+        self._verify: dict[int, _Ewma] = {}  # tokens verified (k + 1) -> seconds per target forward
+        self._decisions = 0
+        self._explore_up = True
+        self.last_k = self.prior_k
+        self.history: list[int] = []  # every k returned, for reports and tests
+
+    # ----- learning -------------------------------------------------------------------------
+
+    def update(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float) -> None:
+        """Feed one engine step: draft length, accepted prefix length, and the time each side took."""
+        num_proposed = max(0, min(num_proposed, self.max_k))
+        num_accepted = max(0, min(num_accepted, num_proposed))
+        if target_seconds > 0:
+            self._verify.setdefault(num_proposed + 1, _Ewma(self.time_alpha)).add(target_seconds)
+        if num_proposed == 0:
+            return  # a plain step (or an empty draft) says nothing about acceptance
+        self._draft_cost.add(max(draft_seconds, 0.0) / num_proposed)
+        for i in range(num_proposed):
+            self._reached[i] *= self.decay
+            self._accepted[i] *= self.decay
+        for i in range(num_accepted):
+            self._reached[i] += 1.0
+            self._accepted[i] += 1.0
+        if num_accepted < num_proposed:
+            self._reached[num_accepted] += 1.0  # the first rejection; later positions were never looked at
+
+    # ----- estimates ----------------------------------------------------------------------------
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Overall P(accept | reached), pooled over positions (the prior before any draft)."""
+        reached = sum(self._reached)
+        if reached < 1e-9:
+            return self.prior_acceptance
+        return sum(self._accepted) / reached
+
+    def acceptance_per_pos(self) -> list[float]:
+        """a_i for i in [0, max_k): each position's own rate, shrunk toward the position before it.
+
+        Position 0 is shrunk toward the pooled rate; a rarely reached later position inherits its
+        predecessor's rate, so stale evidence there cannot keep long drafts alive after acceptance drops.
+        """
+        rates: list[float] = []
+        anchor = self.acceptance_rate
+        for acc, reached in zip(self._accepted, self._reached):
+            anchor = (acc + self.shrink * anchor) / (reached + self.shrink)
+            rates.append(anchor)
+        return rates
+
+    def expected_tokens(self, k: int, rates: list[float] | None = None) -> float:
+        """E[tokens emitted by one step with a k-token draft] (accepted + the recovered/bonus token)."""
+        rates = self.acceptance_per_pos() if rates is None else rates
+        total, survive = 1.0, 1.0
+        for i in range(k):
+            survive *= rates[i]
+            total += survive
+        return total
+
+    @property
+    def draft_cost(self) -> float:
+        """Measured seconds per drafted token (0 before any draft)."""
+        return self._draft_cost.value
+
+    def verify_cost(self, size: int) -> float:
+        """Seconds for one target forward over `size` tokens: measured, else a line through the measured sizes."""
+        seen = self._verify.get(size)
+        if seen is not None and seen.count > 0:
+            return seen.value
+        points = [(s, e.value) for s, e in self._verify.items() if e.count > 0]
+        if not points:
+            return 1.0  # no measurement yet: only ratios matter, and k=prior until measured
+        points.sort()
+        if size < points[0][0]:
+            return points[0][1]  # never extrapolate a size below the smallest seen to be cheaper
+        if len(points) == 1:
+            return points[0][1]  # one size seen: verifying more tokens costs about one forward
+        n = len(points)
+        mean_s = sum(s for s, _ in points) / n
+        mean_t = sum(t for _, t in points) / n
+        var = sum((s - mean_s) ** 2 for s, _ in points)
+        slope = max(sum((s - mean_s) * (t - mean_t) for s, t in points) / var, 0.0)
+        fitted = mean_t + slope * (size - mean_s)
+        return max(fitted, 1e-9)
+
+    def expected_rate(self, k: int, rates: list[float] | None = None) -> float:
+        """Expected tokens per second when proposing k tokens this step."""
+        cost = k * self.draft_cost + self.verify_cost(k + 1)
+        return self.expected_tokens(k, rates) / cost if cost > 0 else float("inf")
+
+    def best_k(self) -> int:
+        """argmax_k expected_rate(k) over [0, max_k] (ties go to the smaller k)."""
+        rates = self.acceptance_per_pos()
+        best, best_rate = 0, -1.0
+        for k in range(self.max_k + 1):
+            rate = self.expected_rate(k, rates)
+            if rate > best_rate * (1 + 1e-9):
+                best, best_rate = k, rate
+        return best
+
+    # ----- deciding -----------------------------------------------------------------------------
+
+    def next_k(self) -> int:
+        self._decisions += 1
+        if not self._verify or self._draft_cost.count == 0:
+            k = self.prior_k  # nothing measured yet
+        else:
+            k = self.best_k()
+            if self.explore_every and self._decisions % self.explore_every == 0 and self.max_k > 0:
+                k = self._neighbour(k)
+        self.last_k = k
+        self.history.append(k)
+        return k
+
+    def _neighbour(self, k: int) -> int:
+        step = 1 if self._explore_up else -1
+        self._explore_up = not self._explore_up
+        candidate = k + step
+        if not 0 <= candidate <= self.max_k:
+            candidate = k - step
+        return max(0, min(candidate, self.max_k))
+
+    def snapshot(self) -> dict:
+        """The current estimates, for logs and reports."""
+        return {
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "acceptance_per_pos": [round(a, 4) for a in self.acceptance_per_pos()],
+            "draft_cost_s": self.draft_cost,
+            "verify_cost_s": {s: e.value for s, e in sorted(self._verify.items())},
+            "best_k": self.best_k(),
+        }
+
+
+__all__ = ["AdaptiveK"]

@@ -1,0 +1,205 @@
+"""AdaptiveK: the cost model picks the k that maximises expected tokens per second, and follows shifts; greedy output never depends on it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specdec.adaptive import AdaptiveK
+from specdec.backends.transformers_backend import TransformersBackend
+from specdec.config import SamplingParams, SpecConfig
+from specdec.drafters import create_drafter
+from specdec.engine import SpeculativeEngine, plain_engine
+from specdec.metrics import expected_tokens_per_step
+from specdec.policy import make_policy
+
+FLAT = lambda size: 1.0  # noqa: E731  verifying k+1 tokens costs one forward (memory-bound decode)
+
+
+def simulate(policy, steps, acceptance, draft_cost, verify_cost=FLAT, seed=0):
+    """Feed the policy synthetic steps: position i of a draft is accepted with acceptance(i) (or a constant)."""
+    rng = random.Random(seed)
+    ks = []
+    for _ in range(steps):
+        k = policy.next_k()
+        assert 0 <= k <= policy.max_k
+        ks.append(k)
+        accepted = 0
+        while accepted < k and rng.random() < (acceptance(accepted) if callable(acceptance) else acceptance):
+            accepted += 1
+        policy.update(k, accepted, k * draft_cost, verify_cost(k + 1))
+    return ks
+
+
+def typical(ks):
+    """The most common k (exploration steps are the minority)."""
+    return max(set(ks), key=ks.count)
+
+
+def test_make_policy_builds_adaptive_with_max_k():
+    policy = make_policy("adaptive", 7)
+    assert isinstance(policy, AdaptiveK)
+    assert policy.max_k == 7
+    assert policy.next_k() == 4  # the prior before anything is measured
+    assert AdaptiveK(2).next_k() == 2
+
+
+def test_expected_tokens_matches_leviathan_for_a_constant_rate():
+    policy = AdaptiveK(8)
+    for a in (0.0, 0.3, 0.8, 1.0):
+        for k in range(9):
+            assert policy.expected_tokens(k, [a] * 8) == pytest.approx(expected_tokens_per_step(a, k))
+    # Per-position product: 1 + a0 + a0*a1.
+    assert policy.expected_tokens(2, [0.5, 0.2] + [0.0] * 6) == pytest.approx(1 + 0.5 + 0.5 * 0.2)
+
+
+def test_per_position_acceptance_is_conditional_on_being_reached():
+    policy = AdaptiveK(4, decay=1.0, shrink=0.0)
+    policy.update(4, 2, 0.4, 1.0)  # positions 0, 1 accepted, 2 rejected, 3 never looked at
+    policy.update(4, 4, 0.4, 1.0)
+    rates = policy.acceptance_per_pos()
+    assert rates[:3] == pytest.approx([1.0, 1.0, 0.5])
+    assert rates[3] == pytest.approx(1.0)  # reached once (second step), accepted once
+    assert policy.acceptance_rate == pytest.approx(6 / 7)  # 3 looked at + 4 looked at; 6 accepted
+    assert policy.draft_cost == pytest.approx(0.1)
+
+
+def test_high_acceptance_and_cheap_draft_picks_max_k():
+    policy = AdaptiveK(8)
+    ks = simulate(policy, 150, acceptance=0.9, draft_cost=0.01)
+    assert typical(ks[-50:]) == 8
+
+
+def test_free_drafts_pick_max_k_even_at_moderate_acceptance():
+    # Prompt lookup costs ~nothing, so with a flat verify cost every extra token is a free lottery ticket.
+    ks = simulate(AdaptiveK(6), 150, acceptance=0.5, draft_cost=0.0)
+    assert typical(ks[-50:]) == 6
+
+
+def test_low_acceptance_or_expensive_draft_turns_speculation_off():
+    ks = simulate(AdaptiveK(8), 150, acceptance=0.2, draft_cost=0.5)
+    assert typical(ks[-50:]) == 0
+    ks = simulate(AdaptiveK(8), 150, acceptance=0.0, draft_cost=0.01)
+    assert typical(ks[-50:]) == 0
+    # A drafter as slow as the target cannot pay for itself even at 80% acceptance.
+    ks = simulate(AdaptiveK(8), 150, acceptance=0.8, draft_cost=1.0)
+    assert typical(ks[-50:]) == 0
+
+
+def test_middling_acceptance_with_costly_draft_picks_a_short_draft():
+    # a=0.6, c=0.3: rate(1)=1.23, rate(2)=1.225, rate(3)=1.15, rate(0)=1: the optimum is k in {1, 2}.
+    ks = simulate(AdaptiveK(8), 200, acceptance=0.6, draft_cost=0.3)
+    assert typical(ks[-60:]) in (1, 2)
+    assert sum(ks[-60:]) / 60 < 2.5
+
+
+def test_measured_verify_curve_shortens_drafts_when_verification_is_compute_bound():
+    flat = simulate(AdaptiveK(8), 200, acceptance=0.8, draft_cost=0.02, seed=3)
+    steep = simulate(AdaptiveK(8), 200, acceptance=0.8, draft_cost=0.02, verify_cost=lambda s: 0.5 + 0.25 * s, seed=3)
+    assert typical(flat[-60:]) >= 7
+    assert typical(steep[-60:]) <= 3
+    assert sum(steep[-60:]) < sum(flat[-60:])
+
+
+def test_verify_cost_fit_for_unseen_sizes():
+    policy = AdaptiveK(8)
+    assert policy.verify_cost(3) == 1.0  # nothing measured: neutral
+    policy.update(2, 0, 0.01, 0.30)  # size 3
+    assert policy.verify_cost(3) == pytest.approx(0.30)
+    assert policy.verify_cost(8) == pytest.approx(0.30)  # one size known: flat
+    policy.update(4, 0, 0.01, 0.50)  # size 5
+    assert policy.verify_cost(4) == pytest.approx(0.40)  # interpolated on the line
+    assert policy.verify_cost(9) == pytest.approx(0.90)  # extrapolated on the line
+    assert policy.verify_cost(1) == pytest.approx(0.30)  # never cheaper than the smallest measured size
+    policy.update(0, 0, 0.0, 0.25)  # a plain step measures size 1
+    assert policy.verify_cost(1) == pytest.approx(0.25)
+
+
+def test_per_position_rates_find_a_drafter_that_is_only_good_for_one_token():
+    # Position 0 is accepted 90% of the time, later positions never: k=1 is optimal
+    # (rate(1) = 1.9/1.1 = 1.73 > rate(2) = 1.9/1.2 = 1.58 > rate(0) = 1).
+    policy = AdaptiveK(8)
+    ks = simulate(policy, 200, acceptance=lambda i: 0.9 if i == 0 else 0.0, draft_cost=0.1)
+    assert typical(ks[-60:]) == 1
+    rates = policy.acceptance_per_pos()
+    assert rates[0] > 0.75 and rates[1] < 0.2
+
+
+def test_adapts_when_acceptance_shifts_down_and_back_up():
+    policy = AdaptiveK(8)
+    high = simulate(policy, 60, acceptance=0.95, draft_cost=0.3, seed=1)
+    low = simulate(policy, 80, acceptance=0.05, draft_cost=0.3, seed=2)
+    back = simulate(policy, 100, acceptance=0.95, draft_cost=0.3, seed=3)
+    assert typical(high[-20:]) >= 5
+    assert typical(low[-30:]) == 0
+    assert 1 in low[-30:]  # still exploring while speculation is off, so it can notice recovery
+    assert typical(back[-30:]) >= 5
+
+
+def test_explores_neighbours_of_the_best_k():
+    ks = simulate(AdaptiveK(8, explore_every=4), 80, acceptance=0.9, draft_cost=0.01)
+    assert 7 in ks[-40:]  # the best is 8; every 4th step tries 7 (8 + 1 is out of range)
+    no_explore = simulate(AdaptiveK(8, explore_every=0), 80, acceptance=0.9, draft_cost=0.01)
+    assert set(no_explore[-40:]) == {8}
+
+
+def test_decisions_are_a_pure_function_of_the_updates():
+    a = simulate(AdaptiveK(6), 100, acceptance=0.7, draft_cost=0.1, seed=9)
+    b = simulate(AdaptiveK(6), 100, acceptance=0.7, draft_cost=0.1, seed=9)
+    assert a == b
+
+
+def test_empty_drafts_only_update_the_verify_cost():
+    policy = AdaptiveK(4)
+    policy.update(0, 0, 0.001, 0.2)  # e.g. prompt lookup found nothing
+    assert policy.acceptance_rate == policy.prior_acceptance
+    assert policy.verify_cost(1) == pytest.approx(0.2)
+    assert policy.next_k() == 4  # nothing known about drafting yet: keep the prior
+
+
+def test_max_k_zero_never_drafts():
+    policy = AdaptiveK(0)
+    assert simulate(policy, 20, acceptance=1.0, draft_cost=0.0) == [0] * 20
+
+
+@pytest.fixture()
+def self_draft_backend(target_model):
+    # The target as its own draft: every draft token is accepted under greedy, so k matters.
+    return TransformersBackend(target_model, name="self-draft", max_context=256)
+
+
+def test_adaptive_policy_in_the_engine_keeps_greedy_output(target_backend, draft_backend, self_draft_backend):
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    expected = plain_engine(target_backend).generate(prompt, params).tokens
+    for name, draft in (("draft_model", draft_backend), ("draft_model", self_draft_backend), ("prompt_lookup", None)):
+        spec = SpecConfig(num_speculative_tokens=6, drafter=name, k_policy="adaptive")
+        engine = SpeculativeEngine(target_backend, create_drafter(name, draft_backend=draft, spec=spec), spec)
+        result = engine.generate(prompt, params)
+        assert result.tokens == expected, name
+        assert result.stats.num_generated_tokens == len(expected)
+
+
+def test_adaptive_policy_learns_from_the_engine(target_backend, self_draft_backend, monkeypatch):
+    import specdec.engine as engine_module
+
+    policies = []
+
+    def recording_make_policy(name, k):
+        policy = make_policy(name, k)
+        policies.append(policy)
+        return policy
+
+    monkeypatch.setattr(engine_module, "make_policy", recording_make_policy)
+    spec = SpecConfig(num_speculative_tokens=4, drafter="draft_model", k_policy="adaptive")
+    engine = SpeculativeEngine(target_backend, create_drafter("draft_model", draft_backend=self_draft_backend, spec=spec), spec)
+    result = engine.generate([10, 20, 30], SamplingParams(max_tokens=24, ignore_eos=True))
+    (policy,) = policies
+    assert len(policy.history) == result.stats.num_target_forwards  # one decision per step
+    assert policy.history[0] == 4  # the prior
+    if result.stats.num_drafts:
+        assert result.stats.acceptance_rate == 1.0
+        assert policy.acceptance_rate > 0.9  # learned from the engine's feedback
+        assert policy.draft_cost > 0
+    assert policy.verify_cost(1) > 0
