@@ -1,0 +1,395 @@
+"""The OpenAI-compatible FastAPI app: completions and chat (plain and SSE), models, health, Prometheus metrics.
+
+`create_app(decoder)` serves an already-built SpecDecoder; `create_app(loader=...)` starts
+answering at once (/health is 503) and loads the models on a background thread (/health 200 when
+ready). Requests are validated on the event loop, then queued for the single engine worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import threading
+import time
+from contextlib import asynccontextmanager
+from typing import Any, Callable, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..config import SamplingParams
+from ..kvcache import ContextOverflowError
+from . import sse
+from .errors import APIError, bad_request, error_body
+from .metrics import ServerMetrics
+from .schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseContext,
+    chat_messages,
+    check_chat_options,
+    check_completion_options,
+    sampling_params,
+    usage,
+)
+from .worker import EngineWorker, Job
+
+log = logging.getLogger("specdec.server")
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DISCONNECT_POLL_SECONDS = 0.2
+
+
+class ServerState:
+    """What the handlers share: served names, the decoder once loaded, its engine worker and metrics."""
+
+    def __init__(self, names: Sequence[str], metrics: ServerMetrics,
+                 on_load_error: Callable[[BaseException], None] | None = None):
+        self.names = list(names)
+        self.metrics = metrics
+        self.on_load_error = on_load_error
+        self.created = int(time.time())
+        self.decoder = None
+        self.engine = None
+        self.worker: EngineWorker | None = None
+        self.load_error: BaseException | None = None
+        self._ready = threading.Event()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def set_ready(self, decoder) -> None:
+        engine = decoder.engine()
+        if engine.drafter is not None:
+            self.metrics.declare_positions(decoder.spec.num_speculative_tokens)
+        self.decoder = decoder
+        self.engine = engine
+        self.worker = EngineWorker(engine, self.metrics)
+        self._ready.set()
+
+    def load(self, loader: Callable[[], Any]) -> None:
+        try:
+            began = time.perf_counter()
+            self.set_ready(loader())
+            log.info("models loaded in %.1f s; ready", time.perf_counter() - began)
+        except BaseException as exc:  # noqa: BLE001 - reported by /health and the CLI
+            self.load_error = exc
+            log.error("model loading failed: %s", exc)
+            if self.on_load_error is not None:
+                self.on_load_error(exc)
+
+    def require_ready(self) -> None:
+        if self.load_error is not None:
+            raise APIError(503, f"the model failed to load: {self.load_error}")
+        if not self.ready:
+            raise APIError(503, "the model is still loading; retry when /health returns 200")
+
+    def check_model(self, model: str | None) -> str:
+        if not model:
+            return self.names[0]
+        if model not in self.names:
+            raise APIError(404, f"The model `{model}` does not exist. Served: {', '.join(self.names)}",
+                           param="model", code="model_not_found")
+        return model
+
+    def specdec_stats(self, job: Job) -> dict[str, Any]:
+        """Our extension field: this request's speculative statistics (not OpenAI's prediction fields)."""
+        spec = self.decoder.spec
+        out: dict[str, Any] = {
+            "drafter": spec.drafter if self.engine.drafter is not None else "none",
+            "num_speculative_tokens": spec.num_speculative_tokens if self.engine.drafter is not None else 0,
+            "k_policy": spec.k_policy,
+        }
+        if job.stats is not None:
+            out.update(job.stats.to_dict())
+        out.update(job.timings())
+        return out
+
+
+class APIKeyMiddleware:
+    """Require `Authorization: Bearer <key>` on /v1/*; /health and /metrics stay open (as in vLLM)."""
+
+    def __init__(self, app, api_key: str, metrics: ServerMetrics):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                self.metrics.request_error(401)
+                body = error_body("Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                                  "invalid_request_error", None, "invalid_api_key")
+                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class JobStreamingResponse(StreamingResponse):
+    """An SSE response that cancels its job however the response ends (finished, failed, client gone)."""
+
+    def __init__(self, content, job: Job):
+        super().__init__(content, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+        self.job = job
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+
+def create_app(
+    decoder=None,
+    *,
+    loader: Callable[[], Any] | None = None,
+    served_model_name: str | Sequence[str] | None = None,
+    api_key: str | None = None,
+    on_load_error: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """Build the app around a SpecDecoder, or around a loader run in the background at startup."""
+    if decoder is None and loader is None:
+        raise ValueError("create_app needs a decoder or a loader")
+    if isinstance(served_model_name, str):
+        names = [served_model_name]
+    elif served_model_name:
+        names = list(served_model_name)
+    else:
+        names = [getattr(getattr(decoder, "target", None), "name", None) or "specdec"]
+    metrics = ServerMetrics(names[0])
+    state = ServerState(names, metrics, on_load_error)
+    if decoder is not None:
+        state.set_ready(decoder)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if not state.ready and loader is not None and state.load_error is None:
+            threading.Thread(target=state.load, args=(loader,), name="specdec-loader", daemon=True).start()
+        yield
+        if state.worker is not None:
+            await asyncio.to_thread(state.worker.shutdown)
+
+    app = FastAPI(title="specdec", description="OpenAI-compatible speculative decoding server", lifespan=lifespan)
+    app.state.specdec = state
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key, metrics=metrics)
+
+    # ----------------------------------------------------------------------------------------- errors
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        metrics.request_error(exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        metrics.request_error(400)
+        return JSONResponse(_validation_api_error(exc).body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        metrics.request_error(exc.status_code)
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception):
+        log.exception("unhandled error")
+        metrics.request_error(500)
+        return JSONResponse(error_body(f"internal server error: {type(exc).__name__}", "server_error"), 500)
+
+    # ----------------------------------------------------------------------------------------- routes
+
+    @app.get("/health")
+    async def health():
+        if state.ready:
+            return JSONResponse({"status": "ok"})
+        if state.load_error is not None:
+            return JSONResponse({"status": "error", "message": str(state.load_error)}, status_code=503)
+        return JSONResponse({"status": "loading"}, status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/models")
+    async def models():
+        data = []
+        for name in state.names:
+            entry: dict[str, Any] = {"id": name, "object": "model", "created": state.created, "owned_by": "specdec"}
+            if state.ready:
+                entry["max_model_len"] = state.engine.target.max_context
+            data.append(entry)
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        state.require_ready()
+        model = state.check_model(req.model)
+        check_completion_options(req)
+        prompt_ids = _completion_prompt(state, req.prompt)
+        params = sampling_params(req, req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)
+        _check_fits(state, prompt_ids, params, "prompt")
+        ctx = ResponseContext("completion", model)
+        return await _respond(state, ctx, prompt_ids, params, req, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        state.require_ready()
+        model = state.check_model(req.model)
+        check_chat_options(req)
+        messages = chat_messages(req)
+        try:
+            prompt_ids = state.decoder.encode_chat(messages)
+        except (ValueError, TypeError) as exc:
+            raise bad_request(str(exc), "messages") from exc
+        except Exception as exc:  # a template error (jinja) on these messages
+            raise bad_request(f"the chat template failed on these messages: {exc}", "messages") from exc
+        if req.max_completion_tokens is not None:
+            max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_tokens, param = req.max_tokens, "max_tokens"
+        room = max(1, state.engine.target.max_context - len(prompt_ids))
+        params = sampling_params(req, max_tokens, room, param)
+        _check_fits(state, prompt_ids, params, "messages")
+        ctx = ResponseContext("chat", model)
+        return await _respond(state, ctx, prompt_ids, params, req, request)
+
+    return app
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _completion_prompt(state: ServerState, prompt) -> list[int]:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise APIError(400, "batched prompts are not supported: send one prompt per request",
+                           param="prompt", code="unsupported_parameter")
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        return [int(t) for t in prompt]
+    try:
+        return state.decoder.encode(prompt, chat=False)
+    except ValueError as exc:
+        raise bad_request(str(exc), "prompt") from exc
+
+
+def _check_fits(state: ServerState, prompt_ids: list[int], params: SamplingParams, param: str) -> None:
+    """Refuse before queueing anything that the engine would refuse (context overflow, bad token ids)."""
+    try:
+        state.engine.check_request(prompt_ids, params)
+    except ContextOverflowError as exc:
+        raise APIError(400, f"{exc}; shorten the prompt or lower max_tokens", param=param,
+                       code="context_length_exceeded") from exc
+    except ValueError as exc:
+        raise bad_request(str(exc), param) from exc
+
+
+def _engine_error(exc: BaseException | None) -> APIError:
+    if isinstance(exc, ContextOverflowError):
+        return APIError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, ValueError):
+        return bad_request(str(exc))
+    return APIError(500, f"generation failed: {type(exc).__name__}: {exc}")
+
+
+async def _respond(state: ServerState, ctx: ResponseContext, prompt_ids, params, req, request: Request):
+    job = Job(prompt_ids, params)
+    include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    state.worker.submit(job)
+    if req.stream:
+        return JobStreamingResponse(_sse_stream(state, ctx, job, include_usage), job)
+    return await _collect(state, ctx, job, request)
+
+
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    while not job.done.is_set():
+        if await request.is_disconnected():
+            job.cancel()
+            return
+        await asyncio.sleep(DISCONNECT_POLL_SECONDS)
+
+
+async def _collect(state: ServerState, ctx: ResponseContext, job: Job, request: Request) -> JSONResponse:
+    texts: list[str] = []
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    try:
+        async for event in job.events_until_done():
+            if event.kind == "chunk":
+                texts.append(event.chunk.text)
+            elif event.kind == "error":
+                raise _engine_error(event.error)
+    finally:
+        watcher.cancel()
+        job.cancel()
+    finish = job.finish_reason if job.finish_reason in ("stop", "length") else None
+    body = ctx.full("".join(texts), finish, usage(len(job.prompt_ids), job.num_generated), state.specdec_stats(job))
+    return JSONResponse(body)
+
+
+async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, include_usage: bool):
+    """SSE events: text deltas as the engine accepts them (several tokens per event is normal), then the
+    finish chunk carrying `specdec` stats, the usage chunk if asked for, and `data: [DONE]`."""
+    try:
+        if ctx.kind == "chat":
+            yield sse.event(ctx.chunk("", role=True, include_usage=include_usage))
+        final = None
+        async for event in job.events_until_done():
+            if event.kind == "chunk":
+                chunk = event.chunk
+                if chunk.text:
+                    yield sse.event(ctx.chunk(chunk.text, include_usage=include_usage))
+                if chunk.finish_reason is not None:
+                    final = chunk.finish_reason
+            elif event.kind == "error":
+                error = _engine_error(event.error)
+                state.metrics.request_error(error.status)
+                yield sse.event(error.body())
+            else:
+                stats = state.specdec_stats(job)
+                if final is not None:
+                    empty = "" if ctx.kind == "completion" else None
+                    yield sse.event(ctx.chunk(empty, final, include_usage=include_usage, specdec=stats))
+                if include_usage:
+                    yield sse.event(ctx.usage_chunk(usage(len(job.prompt_ids), job.num_generated), stats))
+        yield sse.DONE
+    finally:
+        job.cancel()
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}
+
+
+def _validation_api_error(exc: RequestValidationError) -> APIError:
+    errors = exc.errors()
+    if not errors:
+        return bad_request("invalid request body")
+    first = errors[0]
+    loc = []
+    for part in first.get("loc", ())[1:] if first.get("loc", ("",))[0] == "body" else first.get("loc", ()):
+        if isinstance(part, str) and (part in _TYPE_TAGS or "[" in part):
+            break  # pydantic names the union member it tried; the parameter is what came before
+        loc.append(str(part))
+    kind = first.get("type", "")
+    param = ".".join(loc) or None
+    if kind == "json_invalid":
+        return bad_request(f"malformed JSON in the request body: {first.get('msg', '')}".rstrip(": "))
+    if kind == "extra_forbidden":
+        return APIError(400, f"Unrecognized request argument supplied: {param}", param=param,
+                        code="unsupported_parameter")
+    if kind == "missing":
+        return bad_request(f"'{param}' is a required property", param)
+    if not loc and kind in ("model_attributes_type", "dict_type"):
+        return bad_request("the request body must be a JSON object")
+    return bad_request(f"invalid value for '{param}': {first.get('msg', 'invalid')}", param)

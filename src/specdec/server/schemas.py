@@ -1,0 +1,264 @@
+"""OpenAI request models (pydantic, unknown fields refused) and the response/chunk bodies the server returns."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..config import ConfigError, SamplingParams
+from .errors import bad_request, unsupported
+
+# ---------------------------------------------------------------------------------------------------------
+# Requests
+# ---------------------------------------------------------------------------------------------------------
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+
+
+class _GenerationRequest(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions.
+
+    Unknown fields are refused (400), and known options that would change the output but that
+    we cannot apply exactly (penalties, logit_bias, logprobs, n > 1, ...) are refused too: a
+    request is either served as asked or rejected, never silently approximated.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None  # OpenAI default 1.0; 0 = greedy
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # Extensions (vLLM spelling): top_k (0 or -1 disables), min_p (0 disables), ignore_eos.
+    top_k: int | None = None
+    min_p: float | None = None
+    ignore_eos: bool | None = None
+    # Accepted and ignored: they do not change what is generated.
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: Any = None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Request -> SamplingParams, with every refusal naming its parameter
+# ---------------------------------------------------------------------------------------------------------
+
+
+def check_completion_options(req: CompletionRequest) -> None:
+    if req.logprobs is not None:
+        raise unsupported("logprobs", "token log-probabilities are not returned")
+    if req.echo:
+        raise unsupported("echo")
+    if req.best_of not in (None, 1):
+        raise unsupported("best_of", "only best_of=1")
+    if req.suffix:
+        raise unsupported("suffix")
+
+
+def check_chat_options(req: ChatCompletionRequest) -> None:
+    if req.logprobs:
+        raise unsupported("logprobs", "token log-probabilities are not returned")
+    if req.top_logprobs:
+        raise unsupported("top_logprobs", "token log-probabilities are not returned")
+    if req.tools or req.functions:
+        raise unsupported("tools" if req.tools else "functions", "no tool calling")
+    if req.tool_choice not in (None, "none", "auto") or req.function_call not in (None, "none", "auto"):
+        raise unsupported("tool_choice" if req.tool_choice not in (None, "none", "auto") else "function_call",
+                          "no tool calling")
+    if req.response_format is not None and req.response_format.get("type", "text") != "text":
+        raise unsupported("response_format", "only {'type': 'text'}")
+    if req.modalities is not None and list(req.modalities) != ["text"]:
+        raise unsupported("modalities", "only ['text']")
+    for name in ("audio", "prediction", "reasoning_effort", "verbosity", "web_search_options"):
+        if getattr(req, name) is not None:
+            raise unsupported(name)
+
+
+def sampling_params(req: _GenerationRequest, max_tokens: int | None, default_max_tokens: int,
+                    max_tokens_param: str = "max_tokens") -> SamplingParams:
+    """Validate the shared sampling fields and build SamplingParams (max_tokens None -> default)."""
+    if req.n is not None and req.n < 1:
+        raise bad_request(f"n must be at least 1, got {req.n}", "n")
+    if req.n not in (None, 1):
+        raise unsupported("n", "only n=1; send one request per completion")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise unsupported(name, "penalties change the target distribution and are not implemented")
+    if req.logit_bias:
+        raise unsupported("logit_bias")
+    if max_tokens is not None and max_tokens < 1:
+        raise bad_request(f"{max_tokens_param} must be at least 1, got {max_tokens}", max_tokens_param)
+    temperature = 1.0 if req.temperature is None else req.temperature
+    if not math.isfinite(temperature) or temperature < 0:
+        raise bad_request(f"temperature must be a finite number >= 0, got {temperature}", "temperature")
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if not (0 < top_p <= 1):
+        raise bad_request(f"top_p must be in (0, 1], got {top_p}", "top_p")
+    top_k = 0 if req.top_k in (None, -1) else req.top_k
+    if top_k < 0:
+        raise bad_request(f"top_k must be >= 0 (or -1 to disable), got {req.top_k}", "top_k")
+    min_p = 0.0 if req.min_p is None else req.min_p
+    if not (0 <= min_p < 1):
+        raise bad_request(f"min_p must be in [0, 1), got {min_p}", "min_p")
+    if req.seed is not None and not (-(2**63) <= req.seed < 2**64):
+        raise bad_request("seed must fit in 64 bits", "seed")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if any(not s for s in stop):
+        raise bad_request("stop strings must be non-empty", "stop")
+    try:
+        return SamplingParams(
+            temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), min_p=float(min_p),
+            max_tokens=int(max_tokens if max_tokens is not None else default_max_tokens), stop=tuple(stop),
+            seed=req.seed, ignore_eos=bool(req.ignore_eos),
+        )
+    except ConfigError as exc:
+        raise bad_request(str(exc)) from exc
+
+
+def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them: text content only ("developer" is the system role)."""
+    messages = []
+    for i, message in enumerate(req.messages):
+        content = message.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise unsupported(f"messages[{i}].content", "only text content parts")
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        role = "system" if message.role == "developer" else message.role
+        entry: dict[str, Any] = {"role": role, "content": content or ""}
+        if message.name:
+            entry["name"] = message.name
+        messages.append(entry)
+    if not messages:
+        raise bad_request("messages must contain at least one message", "messages")
+    return messages
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Responses
+# ---------------------------------------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class ResponseContext:
+    """The envelope fields every body and chunk of one request shares."""
+
+    def __init__(self, kind: Literal["completion", "chat"], model: str):
+        self.kind = kind
+        self.model = model
+        self.id = new_id("cmpl" if kind == "completion" else "chatcmpl")
+        self.created = int(time.time())
+
+    def _envelope(self, object_name: str) -> dict[str, Any]:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
+
+    def full(self, text: str, finish_reason: str | None, usage_: dict, specdec: dict | None) -> dict[str, Any]:
+        if self.kind == "completion":
+            body = self._envelope("text_completion")
+            body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
+        else:
+            body = self._envelope("chat.completion")
+            body["choices"] = [{
+                "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish_reason,
+            }]
+        body["usage"] = usage_
+        body["specdec"] = specdec
+        return body
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
+              include_usage: bool = False, specdec: dict | None = None) -> dict[str, Any]:
+        if self.kind == "completion":
+            body = self._envelope("text_completion")
+            body["choices"] = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
+        else:
+            body = self._envelope("chat.completion.chunk")
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        if include_usage:
+            body["usage"] = None
+        if specdec is not None:
+            body["specdec"] = specdec
+        return body
+
+    def usage_chunk(self, usage_: dict, specdec: dict | None) -> dict[str, Any]:
+        body = self._envelope("text_completion" if self.kind == "completion" else "chat.completion.chunk")
+        body["choices"] = []
+        body["usage"] = usage_
+        if specdec is not None:
+            body["specdec"] = specdec
+        return body
