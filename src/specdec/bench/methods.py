@@ -1,0 +1,214 @@
+"""The decoding methods a benchmark compares, parsed from --methods and checked against what is installed.
+
+Ours (same engine, same loaded weights): `plain` (no drafter: the baseline), `spec_k<K>` (draft model,
+fixed k; the family name `spec` expands to --k-sweep), `adaptive` and `heuristic` (k chosen per step),
+`prompt_lookup` (n-gram copy from the context, no model), `hybrid` (lookup first, draft model otherwise).
+The peer, transformers' own generate on the very same nn.Modules: `hf_plain` (greedy/sampled generate),
+`hf_assisted` (assisted generation with transformers' defaults), `hf_assisted_k<K>` (constant K
+assistant tokens, confidence stopping off; family `hf_assisted_k` expands to --k-sweep) and
+`hf_prompt_lookup` (prompt_lookup_num_tokens=-k).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+
+from ..config import ConfigError, SpecConfig
+
+DEFAULT_METHODS = (
+    "plain", "spec", "adaptive", "heuristic", "prompt_lookup", "hybrid", "hf_plain", "hf_assisted", "hf_prompt_lookup",
+)
+FAMILIES = (
+    "plain", "spec", "spec_k<K>", "adaptive", "heuristic", "prompt_lookup", "hybrid",
+    "hf_plain", "hf_assisted", "hf_assisted_k", "hf_assisted_k<K>", "hf_prompt_lookup",
+)
+_SPEC_K = re.compile(r"^spec_k(\d+)$")
+_HF_K = re.compile(r"^hf_assisted_k(\d+)$")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way of decoding; `spec` is set for our engine (drafter 'none' = plain), `hf_mode` for transformers."""
+
+    name: str
+    kind: str  # "specdec" or "hf"
+    description: str
+    spec: SpecConfig | None = None
+    hf_mode: str | None = None  # "plain", "assisted" or "prompt_lookup"
+    hf_num_assistant_tokens: int | None = None  # None: transformers' defaults
+    hf_lookup_tokens: int | None = None
+    hf_lookup_ngram: int | None = None
+    k: int | None = None  # nominal draft length (the maximum for adaptive policies)
+    fixed_k: bool = False
+    needs_draft_model: bool = False
+    uses_draft_model: bool = False  # cost ratio from draft-model forwards (else from drafting time per token)
+    requires: str | None = None  # module that must import for the method to exist
+
+    @property
+    def baseline(self) -> str:
+        return "hf_plain" if self.kind == "hf" else "plain"
+
+    @property
+    def is_plain(self) -> bool:
+        return self.name in ("plain", "hf_plain")
+
+    def to_dict(self) -> dict:
+        out = {
+            "name": self.name, "kind": self.kind, "description": self.description, "k": self.k,
+            "fixed_k": self.fixed_k, "baseline": self.baseline, "uses_draft_model": self.uses_draft_model,
+        }
+        if self.spec is not None:
+            out["spec"] = {
+                "drafter": self.spec.drafter, "num_speculative_tokens": self.spec.num_speculative_tokens,
+                "k_policy": self.spec.k_policy, "draft_p_min": self.spec.draft_p_min,
+                "lookup_min_ngram": self.spec.lookup_min_ngram, "lookup_max_ngram": self.spec.lookup_max_ngram,
+            }
+        if self.hf_mode is not None:
+            out["hf"] = {
+                "mode": self.hf_mode, "num_assistant_tokens": self.hf_num_assistant_tokens,
+                "prompt_lookup_num_tokens": self.hf_lookup_tokens, "max_matching_ngram_size": self.hf_lookup_ngram,
+            }
+        return out
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    k_sweep: tuple[int, ...] = (2, 4, 6)
+    k: int = 5  # heuristic start, prompt_lookup, hybrid, hf_prompt_lookup
+    k_max: int = 8  # adaptive's maximum
+    draft_p_min: float = 0.0
+
+
+def parse_k_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"--k-sweep must be comma-separated integers, got {text!r}") from None
+    if not values or any(not 1 <= v <= 64 for v in values):
+        raise ConfigError(f"--k-sweep values must be integers in [1, 64], got {text!r}")
+    return tuple(dict.fromkeys(values))
+
+
+def _spec_method(name: str, description: str, options: MethodOptions, **spec_kwargs) -> Method:
+    spec = SpecConfig(draft_p_min=options.draft_p_min, **spec_kwargs)
+    drafter = spec.drafter
+    policy = spec.k_policy
+    return Method(
+        name, "specdec", description, spec=spec, k=spec.num_speculative_tokens, fixed_k=policy == "fixed",
+        needs_draft_model=drafter in ("draft_model", "hybrid"), uses_draft_model=drafter == "draft_model",
+        requires={"adaptive": "specdec.adaptive"}.get(policy) or (
+            f"specdec.drafters.{drafter}" if drafter in ("prompt_lookup", "hybrid") else None
+        ),
+    )
+
+
+def expand_method(name: str, options: MethodOptions) -> list[Method]:
+    """One --methods entry to the Method objects it stands for; ConfigError for unknown names."""
+    if name == "plain":
+        return [Method("plain", "specdec", "our engine, no drafter (baseline)", spec=SpecConfig(drafter="none"))]
+    if name == "spec":
+        return [m for k in options.k_sweep for m in expand_method(f"spec_k{k}", options)]
+    if match := _SPEC_K.match(name):
+        k = int(match.group(1))
+        if not 1 <= k <= 64:
+            raise ConfigError(f"method {name!r}: k must be in [1, 64]")
+        return [_spec_method(name, f"draft model, fixed k={k}", options, drafter="draft_model",
+                             num_speculative_tokens=k)]
+    if name == "adaptive":
+        return [_spec_method(name, f"draft model, adaptive k (cost model, max {options.k_max})", options,
+                             drafter="draft_model", num_speculative_tokens=options.k_max, k_policy="adaptive")]
+    if name == "heuristic":
+        return [_spec_method(name, f"draft model, heuristic k (+2/-1, start {options.k})", options,
+                             drafter="draft_model", num_speculative_tokens=options.k, k_policy="heuristic")]
+    if name == "prompt_lookup":
+        return [_spec_method(name, f"n-gram prompt lookup, k={options.k}", options, drafter="prompt_lookup",
+                             num_speculative_tokens=options.k)]
+    if name == "hybrid":
+        return [_spec_method(name, f"prompt lookup, else draft model, k={options.k}", options, drafter="hybrid",
+                             num_speculative_tokens=options.k)]
+    if name == "hf_plain":
+        return [Method("hf_plain", "hf", "transformers generate, target only (HF baseline)", hf_mode="plain")]
+    if name == "hf_assisted":
+        return [Method("hf_assisted", "hf", "transformers assisted generation, its default settings",
+                       hf_mode="assisted", needs_draft_model=True, uses_draft_model=True)]
+    if name == "hf_assisted_k":
+        return [m for k in options.k_sweep for m in expand_method(f"hf_assisted_k{k}", options)]
+    if match := _HF_K.match(name):
+        k = int(match.group(1))
+        if not 1 <= k <= 64:
+            raise ConfigError(f"method {name!r}: k must be in [1, 64]")
+        return [Method(name, "hf", f"transformers assisted generation, constant k={k}", hf_mode="assisted",
+                       hf_num_assistant_tokens=k, k=k, fixed_k=True, needs_draft_model=True, uses_draft_model=True)]
+    if name == "hf_prompt_lookup":
+        ngram = SpecConfig().lookup_max_ngram
+        return [Method(name, "hf", f"transformers prompt lookup, k={options.k}, max n-gram {ngram}",
+                       hf_mode="prompt_lookup", hf_lookup_tokens=options.k, hf_lookup_ngram=ngram, k=options.k,
+                       fixed_k=True)]
+    raise ConfigError(f"unknown method {name!r}; choose from {', '.join(FAMILIES)} (K an integer)")
+
+
+def unavailable_reason(method: Method, has_draft_model: bool, has_hf_model: bool = True) -> str | None:
+    """Why a method cannot run here (missing module, no draft model, backend not transformers), or None."""
+    if method.requires:
+        try:
+            importlib.import_module(method.requires)
+        except ImportError as exc:
+            return f"{method.requires} is not available ({exc})"
+        if method.spec is not None and method.spec.drafter not in ("none", "draft_model"):
+            from ..drafters import available_drafters
+
+            if method.spec.drafter not in available_drafters():
+                return f"drafter {method.spec.drafter!r} is not registered"
+    if method.needs_draft_model and not has_draft_model:
+        return "needs a draft model (--draft)"
+    if method.kind == "hf" and not has_hf_model:
+        return "the backend is not a transformers model"
+    return None
+
+
+def resolve_methods(
+    text: str | None, options: MethodOptions, has_draft_model: bool | None = None, has_hf_model: bool = True,
+) -> tuple[list[Method], dict[str, str]]:
+    """Parse --methods (None = the default set) into runnable methods plus {skipped name: reason}.
+
+    Baselines are added when missing: `plain` always (every speedup is relative to it) and `hf_plain`
+    whenever a transformers speculative method is selected. Explicitly requested methods that cannot run
+    are an error; unavailable members of the default set are skipped and reported. With
+    has_draft_model=None only names are checked (before any model is loaded).
+    """
+    explicit = text is not None
+    names = [n.strip() for n in (text or ",".join(DEFAULT_METHODS)).split(",") if n.strip()]
+    if not names:
+        raise ConfigError("--methods is empty; choose from " + ", ".join(FAMILIES))
+    methods: list[Method] = []
+    for name in names:
+        methods += expand_method(name, options)
+    if not any(m.name == "plain" for m in methods):
+        methods.insert(0, expand_method("plain", options)[0])
+    if any(m.kind == "hf" and not m.is_plain for m in methods) and not any(m.name == "hf_plain" for m in methods):
+        methods.append(expand_method("hf_plain", options)[0])
+    unique = list({m.name: m for m in methods}.values())
+    if has_draft_model is None:
+        return unique, {}
+    runnable, skipped = [], {}
+    for method in unique:
+        reason = unavailable_reason(method, has_draft_model, has_hf_model)
+        if reason is None:
+            runnable.append(method)
+        elif explicit and method.name in names or explicit and _family_requested(method.name, names):
+            raise ConfigError(f"method {method.name!r} cannot run: {reason}")
+        else:
+            skipped[method.name] = reason
+    return runnable, skipped
+
+
+def _family_requested(name: str, names: list[str]) -> bool:
+    return (name.startswith("spec_k") and "spec" in names) or (name.startswith("hf_assisted_k") and "hf_assisted_k" in names)
+
+
+__all__ = [
+    "DEFAULT_METHODS", "FAMILIES", "Method", "MethodOptions", "expand_method", "parse_k_list", "resolve_methods",
+    "unavailable_reason",
+]

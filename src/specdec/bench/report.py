@@ -1,0 +1,314 @@
+"""Aggregate raw bench runs per method (overall and per task) and write results.json, results.md and the plot.
+
+Definitions (the same in the JSON, the markdown and the docs):
+- tokens/s: total generated tokens / total wall time of the generate calls (prefill included).
+- speedup: a method's tokens/s over plain decoding's (our engine, no drafter) in the same scope;
+  transformers' methods are also given over transformers' own plain generate.
+- acceptance rate: accepted draft tokens / drafted tokens.
+- mean acceptance length: 1 + accepted / drafts, i.e. tokens per target pass *including the bonus token*.
+- c: mean draft-model forward (1-2 new tokens) / mean target single-token forward, timed on the nn.Modules;
+  for model-free drafters (and hybrid), drafting seconds per drafted token / target single-token forward.
+- Leviathan bound: (1 - a^(k+1)) / ((1 - a)(k c + 1)) from the measured a, k (the mean drafted length
+  for adaptive policies) and c.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ..metrics import SpecStats, leviathan_speedup
+from .runner import stats_from_raw
+
+
+def _merged_stats(runs: list[dict]) -> SpecStats:
+    total = SpecStats()
+    for run in runs:
+        total.merge(stats_from_raw(run["stats"]))
+    return total
+
+
+def _single_forward_seconds(runs: list[dict], baseline: str) -> float | None:
+    calls = sum(r["target_forwards"]["short_calls"] for r in runs if r["method"] == baseline)
+    seconds = sum(r["target_forwards"]["short_seconds"] for r in runs if r["method"] == baseline)
+    return seconds / calls if calls else None
+
+
+def _round(value, digits=4):
+    return None if value is None else round(value, digits)
+
+
+def _method_summary(method: dict, runs: list[dict], scope_runs: list[dict]) -> dict:
+    name = method["name"]
+    tokens = sum(r["generated_tokens"] for r in runs)
+    seconds = sum(r["seconds"] for r in runs)
+    stats = _merged_stats(runs)
+    out: dict = {
+        "runs": len(runs),
+        "generated_tokens": tokens,
+        "seconds": round(seconds, 4),
+        "tokens_per_second": round(tokens / seconds, 3) if seconds > 0 else 0.0,
+        "mean_tokens_per_run": round(tokens / len(runs), 2) if runs else 0.0,
+        "num_drafts": stats.num_drafts,
+        "num_draft_tokens": stats.num_draft_tokens,
+        "num_accepted_tokens": stats.num_accepted_tokens,
+        "num_target_forwards": stats.num_target_forwards,
+    }
+    drafting = stats.num_drafts > 0
+    out["acceptance_rate"] = round(stats.acceptance_rate, 4) if drafting else None
+    out["mean_acceptance_length"] = round(stats.mean_acceptance_length, 4)  # incl. bonus; 1.0 without drafts
+    out["acceptance_rate_per_pos"] = [round(x, 4) for x in stats.acceptance_rate_per_pos]
+    out["num_accepted_tokens_per_pos"] = list(stats.num_accepted_tokens_per_pos)
+    out["num_drafts_per_pos"] = list(stats.num_drafts_per_pos)
+    out["mean_k"] = round(stats.num_draft_tokens / stats.num_drafts, 3) if drafting else None
+    out["tokens_per_target_forward"] = (
+        round(stats.num_generated_tokens / stats.num_target_forwards, 4) if stats.num_target_forwards else None
+    )
+
+    # Cost ratio c against the single-token target forward of the matching plain baseline.
+    baseline = "hf_plain" if method["kind"] == "hf" else "plain"
+    t_single = _single_forward_seconds(scope_runs, baseline) or _single_forward_seconds(scope_runs, "plain")
+    out["target_single_forward_ms"] = _round(t_single * 1000 if t_single else None, 3)
+    draft_calls = sum(r["draft_forwards"]["short_calls"] for r in runs)
+    draft_secs = sum(r["draft_forwards"]["short_seconds"] for r in runs)
+    c_forward = (draft_secs / draft_calls) / t_single if draft_calls and t_single else None
+    c_per_token = (stats.draft_seconds / stats.num_draft_tokens) / t_single \
+        if drafting and t_single and stats.draft_seconds > 0 else None
+    out["draft_forward_ms"] = _round(draft_secs / draft_calls * 1000 if draft_calls else None, 3)
+    out["cost_ratio_forward"] = _round(c_forward)
+    out["cost_ratio_per_draft_token"] = _round(c_per_token)
+    # The backends' counters (what `specdec generate` prints): draft forward incl. its prefill / plain step.
+    counted_calls = sum(r["backend_counters"]["draft"]["calls"] for r in runs)
+    counted_secs = sum(r["backend_counters"]["draft"]["seconds"] for r in runs)
+    plain_runs = [r for r in scope_runs if r["method"] == "plain"]
+    plain_stats = _merged_stats(plain_runs)
+    t_plain_step = plain_stats.target_seconds / plain_stats.num_target_forwards if plain_stats.num_target_forwards else None
+    out["cost_ratio_counters"] = _round(
+        (counted_secs / counted_calls) / t_plain_step if counted_calls and t_plain_step and method["kind"] != "hf"
+        else None
+    )
+    if method.get("uses_draft_model") and c_forward is not None:
+        c, source = c_forward, "draft forward"
+    else:
+        c, source = c_per_token, ("drafting time per token" if c_per_token is not None else None)
+    out["cost_ratio"] = _round(c)
+    out["cost_ratio_source"] = source
+    if drafting:
+        k = method["k"] if method.get("fixed_k") and method.get("k") else stats.num_draft_tokens / stats.num_drafts
+        out["k_for_bound"] = round(float(k), 3)
+        out["leviathan_bound"] = round(leviathan_speedup(stats.acceptance_rate, k, c or 0.0), 4)
+        out["expected_tokens_per_step"] = round(
+            (1 - stats.acceptance_rate ** (k + 1)) / (1 - stats.acceptance_rate) if stats.acceptance_rate < 1
+            else k + 1, 4,
+        )
+    else:
+        out["k_for_bound"] = out["leviathan_bound"] = out["expected_tokens_per_step"] = None
+
+    for key in ("identical_to_plain", "identical_to_hf_plain"):
+        flags = [r[key] for r in runs if r.get(key) is not None]
+        if flags:
+            out[key] = all(flags)
+            out[key.replace("identical", "num_identical")] = f"{sum(flags)}/{len(flags)}"
+        else:
+            out[key] = None
+    out["finish_reasons"] = {
+        reason: sum(1 for r in runs if r["finish_reason"] == reason) for reason in sorted({r["finish_reason"] for r in runs})
+    }
+    return out
+
+
+def _scope_summary(methods: list[dict], runs: list[dict]) -> dict:
+    table: dict[str, dict] = {}
+    for method in methods:
+        mine = [r for r in runs if r["method"] == method["name"]]
+        if mine:
+            table[method["name"]] = _method_summary(method, mine, runs)
+    plain_runs = {(r["task"], r["prompt_id"], r["repeat"]): r for r in runs if r["method"] == "plain"}
+    for name, row in table.items():
+        for key, baseline in (("speedup", "plain"), ("speedup_vs_hf_plain", "hf_plain")):
+            base = table.get(baseline, {}).get("tokens_per_second")
+            if key == "speedup_vs_hf_plain" and not name.startswith("hf_"):
+                continue
+            row[key] = round(row["tokens_per_second"] / base, 4) if base else None
+        # Per-prompt speedups vary; their geometric mean is the Spec-Bench-style robust figure.
+        ratios = []
+        for run in (r for r in runs if r["method"] == name):
+            base_run = plain_runs.get((run["task"], run["prompt_id"], run["repeat"]))
+            if base_run and base_run["tokens_per_second"] > 0 and run["tokens_per_second"] > 0:
+                ratios.append(run["tokens_per_second"] / base_run["tokens_per_second"])
+        row["speedup_geomean"] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4) if ratios else None
+    return table
+
+
+def summarise(results: dict) -> dict:
+    methods = results["config"]["methods"]
+    runs = results["runs"]
+    tasks = list(dict.fromkeys(r["task"] for r in runs))
+    return {
+        "overall": _scope_summary(methods, runs),
+        "per_task": {task: _scope_summary(methods, [r for r in runs if r["task"] == task]) for task in tasks},
+        "tasks": tasks,
+        "definitions": {
+            "speedup": "tokens/s over plain decoding (our engine, no drafter) on the same weights, same run",
+            "speedup_vs_hf_plain": "tokens/s over transformers' own plain generate (hf_plain)",
+            "speedup_geomean": "geometric mean over prompts of per-prompt speedup over plain",
+            "mean_acceptance_length": "1 + accepted/drafts: tokens per target pass INCLUDING the bonus token",
+            "acceptance_rate": "accepted draft tokens / drafted tokens",
+            "cost_ratio": "c = draft forward / target single-token forward (module time via hooks); for "
+                          "model-free drafters drafting seconds per drafted token / target single-token forward",
+            "leviathan_bound": "(1 - a^(k+1)) / ((1 - a)(k c + 1)) from measured a, k and c",
+        },
+    }
+
+
+# -- markdown -------------------------------------------------------------------------------------------------
+
+def _fmt(value, spec=".2f", suffix="") -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "**NO**"
+    return f"{value:{spec}}{suffix}"
+
+
+def _identical_cell(row: dict) -> str:
+    cells = []
+    if row.get("identical_to_plain") is not None:
+        cells.append(f"{_fmt(row['identical_to_plain'])} ({row['num_identical_to_plain']})")
+    if row.get("identical_to_hf_plain") is not None:
+        cells.append(f"vs hf_plain {_fmt(row['identical_to_hf_plain'])} ({row['num_identical_to_hf_plain']})")
+    return "; ".join(cells) if cells else ("baseline" if row.get("is_baseline") else "–")
+
+
+def method_table(summary: dict) -> str:
+    lines = [
+        "| method | tok/s | speedup vs plain | vs hf_plain | accept rate | mean accept len (incl. bonus) "
+        "| k (mean) | c | Leviathan bound | greedy identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, row in summary["overall"].items():
+        lines.append(
+            f"| {name} | {_fmt(row['tokens_per_second'])} | {_fmt(row.get('speedup'), '.2f', 'x')} "
+            f"| {_fmt(row.get('speedup_vs_hf_plain'), '.2f', 'x')} | {_fmt(row['acceptance_rate'], '.3f')} "
+            f"| {_fmt(row['mean_acceptance_length'], '.2f')} | {_fmt(row['mean_k'], '.1f')} "
+            f"| {_fmt(row['cost_ratio'], '.3f')} | {_fmt(row['leviathan_bound'], '.2f', 'x')} "
+            f"| {_identical_cell({**row, 'is_baseline': name == 'plain'})} |"
+        )
+    return "\n".join(lines)
+
+
+def task_table(summary: dict) -> str:
+    """Spec-Bench style: speedup over plain per task, overall, and mean acceptance length."""
+    tasks = summary["tasks"]
+    header = "| method | " + " | ".join(tasks) + " | overall | mean accept len (incl. bonus) | tok/s |"
+    lines = [header, "|---|" + "---:|" * (len(tasks) + 3)]
+    for name, row in summary["overall"].items():
+        cells = [_fmt(summary["per_task"][t].get(name, {}).get("speedup"), ".2f", "x") for t in tasks]
+        lines.append(
+            f"| {name} | " + " | ".join(cells)
+            + f" | {_fmt(row.get('speedup'), '.2f', 'x')} | {_fmt(row['mean_acceptance_length'], '.2f')} "
+            f"| {_fmt(row['tokens_per_second'])} |"
+        )
+    return "\n".join(lines)
+
+
+def task_acceptance_table(summary: dict) -> str:
+    tasks = summary["tasks"]
+    lines = ["| method | " + " | ".join(f"{t} accept rate / len" for t in tasks) + " |",
+             "|---|" + "---:|" * len(tasks)]
+    for name in summary["overall"]:
+        cells = []
+        for t in tasks:
+            row = summary["per_task"][t].get(name)
+            cells.append("–" if not row or row["acceptance_rate"] is None
+                         else f"{row['acceptance_rate']:.3f} / {row['mean_acceptance_length']:.2f}")
+        if any(c != "–" for c in cells):
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def position_table(summary: dict) -> str:
+    rows = {n: r["acceptance_rate_per_pos"] for n, r in summary["overall"].items() if r["acceptance_rate_per_pos"]}
+    if not rows:
+        return ""
+    width = min(max(len(v) for v in rows.values()), 12)
+    lines = ["| method | " + " | ".join(f"pos {i + 1}" for i in range(width)) + " |",
+             "|---|" + "---:|" * width]
+    for name, values in rows.items():
+        cells = [f"{v:.2f}" if i < len(values) else "" for i, v in enumerate(values[:width])]
+        cells += [""] * (width - len(cells))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def to_markdown(results: dict) -> str:
+    config, env, summary = results["config"], results["environment"], results["summary"]
+    sampling = config["sampling"]
+    target = (env.get("target") or {}).get("name", "?")
+    draft = (env.get("draft") or {}).get("name") or "none"
+    decoding = "greedy" if sampling["greedy"] else f"sampled (T={sampling['temperature']}, seed={sampling['seed']})"
+    lines = [
+        "# specdec bench",
+        "",
+        f"- target `{target}`, draft `{draft}`, weights {env.get('weight_format') or '?'}; "
+        f"torch {env['torch']}, transformers {env['transformers']}, {env['cpu_count']} CPUs "
+        f"({env['torch_threads']} torch threads){', CUDA' if env.get('cuda') else ''}",
+        f"- tasks {', '.join(summary['tasks'])}; {config['num_prompts']} prompts, {config['repeats']} repeat(s), "
+        f"{decoding}, max {sampling['max_tokens']} new tokens"
+        f"{', ignore EOS' if sampling['ignore_eos'] else ', stop at EOS'}; "
+        f"{'chat template' if config['chat'] else 'raw completion prompts'}",
+        "- methods interleaved per prompt (order rotated), each warmed up once before timing; "
+        f"wall time {results.get('wall_seconds', 0):.0f}s",
+        "",
+        "## Per method (all tasks)",
+        "",
+        method_table(summary),
+        "",
+        "## Speedup per task (Spec-Bench style)",
+        "",
+        task_table(summary),
+        "",
+        task_acceptance_table(summary),
+        "",
+    ]
+    positions = position_table(summary)
+    if positions:
+        lines += ["## Acceptance rate per draft position", "", "P(position i accepted | a draft reached it).", "",
+                  positions, ""]
+    lines += [
+        "Speedup = tokens/s over `plain` (our engine without a drafter, same weights, same run); tokens/s = "
+        "generated tokens / wall time incl. prefill. Mean acceptance length = 1 + accepted/drafts: tokens per "
+        "target pass **including the bonus token** (plain = 1.00). c = draft forward / target single-token "
+        "forward (drafting time per drafted token for model-free drafters). Leviathan bound = "
+        "(1 - a^(k+1)) / ((1 - a)(k c + 1)) from the measured a, k and c. Greedy identical = token-for-token "
+        "equal to `plain` on every prompt (transformers' methods also against `hf_plain`).",
+    ]
+    mismatched = [n for n, r in summary["overall"].items()
+                  if r.get("identical_to_plain") is False or r.get("identical_to_hf_plain") is False]
+    if mismatched:
+        lines += ["", f"**Warning:** greedy output differs from the baseline for: {', '.join(mismatched)}."]
+    if results.get("skipped_methods"):
+        lines += ["", "Skipped methods: " + "; ".join(f"{k} ({v})" for k, v in results["skipped_methods"].items())]
+    if results.get("skipped_prompts"):
+        lines += ["", f"Skipped {len(results['skipped_prompts'])} prompt(s) that do not fit the context."]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(results: dict, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
+    """Write results.json, results.md and (with matplotlib) bench.png into out_dir; return their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json", "markdown": out / "results.md"}
+    paths["json"].write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    paths["markdown"].write_text(to_markdown(results), encoding="utf-8")
+    if plot:
+        from .plot import plot_results
+
+        png = plot_results(results, out / "bench.png")
+        if png is not None:
+            paths["plot"] = png
+    return paths
+
+
+__all__ = ["method_table", "position_table", "summarise", "task_table", "to_markdown", "write_results"]

@@ -1,0 +1,380 @@
+"""Run every method on every prompt, interleaved, on one loaded model pair; collect raw per-run measurements.
+
+Methods run interleaved per prompt (prompt 1: all methods, prompt 2: all methods, ...) with the order
+rotated from prompt to prompt, so thermal drift, other load on the machine and cache effects hit every
+method alike. Each method first gets one short warm-up run that is not timed.
+
+Forward time is measured on the nn.Modules themselves (forward pre/post hooks on the target and the
+draft model), so ours and transformers' generate are timed the same way: the target's single-token
+forwards give the cost of one plain step, the draft's 1-2 token forwards the cost of one draft step, and
+their ratio is the cost ratio c of the Leviathan model. The backends' own counters are recorded as well.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+from ..config import SamplingParams
+from ..metrics import SpecStats
+from .datasets import BenchPrompt
+from .methods import Method
+
+# Draft forwards of at most this many tokens are decode steps (the catch-up of 1-2 tokens, then 1 each);
+# longer ones are the draft's prompt prefill and are left out of the cost ratio.
+DRAFT_DECODE_MAX_TOKENS = 2
+
+
+class ForwardProbe:
+    """Times every forward of one nn.Module with hooks, recording (input tokens, seconds)."""
+
+    def __init__(self, module):
+        self.module = module
+        self.records: list[tuple[int, float]] = []
+        self._open: list[tuple[int, float]] = []
+        self._handles = [
+            module.register_forward_pre_hook(self._before, with_kwargs=True),
+            module.register_forward_hook(self._after, with_kwargs=True),
+        ]
+
+    def _before(self, module, args, kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is None and args:
+            ids = args[0]
+        if ids is None and kwargs.get("inputs_embeds") is not None:
+            n = int(kwargs["inputs_embeds"].shape[-2])
+        else:
+            n = int(ids.shape[-1]) if ids is not None else 0
+        self._open.append((n, time.perf_counter()))
+
+    def _after(self, module, args, kwargs, output):
+        if self._open:
+            n, began = self._open.pop()
+            self.records.append((n, time.perf_counter() - began))
+
+    def take(self) -> list[tuple[int, float]]:
+        records, self.records = self.records, []
+        return records
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _summarise_forwards(records: list[tuple[int, float]], short_max: int) -> dict:
+    short = [s for n, s in records if n <= short_max]
+    return {
+        "calls": len(records),
+        "seconds": round(sum(s for _, s in records), 6),
+        "tokens": sum(n for n, _ in records),
+        "short_calls": len(short),  # single-token forwards for the target, <= 2 tokens for the draft
+        "short_seconds": round(sum(short), 6),
+    }
+
+
+@dataclass
+class BenchConfig:
+    """What to run: methods, sampling (greedy by default), repeats, warm-up and prompt form."""
+
+    methods: list[Method]
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=128))
+    repeats: int = 1
+    warmup: bool = True
+    chat: bool | None = None  # None: the tokenizer's chat template when it has one
+    rotate: bool = True
+    extra: dict = field(default_factory=dict)  # recorded in results["config"] (model names, CLI flags...)
+
+
+@dataclass
+class _Outcome:
+    tokens: list[int]
+    seconds: float
+    finish_reason: str
+    stats: SpecStats
+    settings: dict = field(default_factory=dict)
+
+
+class BenchRunner:
+    """Holds a SpecDecoder and runs methods on token-id prompts, measuring each call."""
+
+    def __init__(self, decoder, config: BenchConfig, log: Callable[[str], None] | None = None):
+        self.decoder = decoder
+        self.config = config
+        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        target_model = getattr(decoder.target, "model", None)
+        draft_model = getattr(decoder.draft, "model", None) if decoder.draft is not None else None
+        self.target_model, self.draft_model = target_model, draft_model
+        self.target_probe = ForwardProbe(target_model) if target_model is not None else None
+        self.draft_probe = ForwardProbe(draft_model) if draft_model is not None else None
+        tokenizer = decoder.tokenizer
+        self.pad_token_id = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+
+    def close(self) -> None:
+        for probe in (self.target_probe, self.draft_probe):
+            if probe is not None:
+                probe.close()
+
+    # -- one call -----------------------------------------------------------------------------------------
+
+    def run_method(self, method: Method, prompt_ids: Sequence[int], params: SamplingParams) -> _Outcome:
+        if method.kind == "specdec":
+            engine = self.decoder.engine(method.spec)
+            began = time.perf_counter()
+            generation = engine.generate(prompt_ids, params)
+            seconds = time.perf_counter() - began
+            return _Outcome(generation.tokens, seconds, generation.finish_reason, generation.stats)
+        from .hf_peer import hf_generate
+
+        run = hf_generate(
+            self.target_model, prompt_ids, params, self.decoder.target.eos_token_ids, mode=method.hf_mode,
+            draft_model=self.draft_model, num_assistant_tokens=method.hf_num_assistant_tokens,
+            lookup_tokens=method.hf_lookup_tokens, lookup_ngram=method.hf_lookup_ngram,
+            pad_token_id=self.pad_token_id,
+        )
+        return _Outcome(run.tokens, run.seconds, run.finish_reason, run.stats, run.settings)
+
+    def measure(self, method: Method, prompt_ids: Sequence[int], params: SamplingParams) -> tuple[dict, list[int]]:
+        """Run once with the forward probes and backend counters reset around the call; return a run record."""
+        for probe in (self.target_probe, self.draft_probe):
+            if probe is not None:
+                probe.take()
+        target, draft = self.decoder.target, self.decoder.draft
+        counters0 = _counters(target), _counters(draft)
+        outcome = self.run_method(method, prompt_ids, params)
+        counters1 = _counters(target), _counters(draft)
+        target_fwd = _summarise_forwards(self.target_probe.take() if self.target_probe else [], 1)
+        draft_fwd = _summarise_forwards(
+            self.draft_probe.take() if self.draft_probe else [], DRAFT_DECODE_MAX_TOKENS
+        )
+        stats = outcome.stats
+        if method.kind == "hf":
+            stats.target_seconds = target_fwd["seconds"]
+            if method.hf_mode == "plain":
+                stats.num_target_forwards = max(target_fwd["calls"] - 1, 0)  # the first one is the prefill
+        record = {
+            "method": method.name,
+            "prompt_tokens": len(prompt_ids),
+            "generated_tokens": len(outcome.tokens),
+            "seconds": round(outcome.seconds, 6),
+            "tokens_per_second": round(len(outcome.tokens) / outcome.seconds, 4) if outcome.seconds > 0 else 0.0,
+            "finish_reason": outcome.finish_reason,
+            "stats": _raw_stats(stats),
+            "target_forwards": target_fwd,
+            "draft_forwards": draft_fwd,
+            "backend_counters": {
+                "target": _delta(counters0[0], counters1[0]),
+                "draft": _delta(counters0[1], counters1[1]),
+            },
+        }
+        if outcome.settings:
+            record["hf_settings"] = outcome.settings
+        return record, list(outcome.tokens)
+
+    # -- the whole benchmark ------------------------------------------------------------------------------
+
+    def encode(self, prompt: BenchPrompt) -> list[int]:
+        if self.config.chat is False or (self.config.chat is None and not _has_chat_template(self.decoder)):
+            return self.decoder.encode(prompt.completion_text, chat=False)
+        return self.decoder.encode(prompt.text, chat=True)
+
+    def warm_up(self, prompt_ids: Sequence[int]) -> None:
+        """One short untimed run of each method (allocates caches, loads kernels, builds HF objects)."""
+        params = replace(self.config.params, max_tokens=min(8, self.config.params.max_tokens), ignore_eos=True)
+        for method in self.config.methods:
+            began = time.perf_counter()
+            self.run_method(method, prompt_ids, params)
+            self.log(f"  warm-up {method.name:<18} {time.perf_counter() - began:6.2f}s")
+
+    def run(self, prompts: Sequence[BenchPrompt]) -> dict:
+        config = self.config
+        params = config.params
+        methods = config.methods
+        limit = self.decoder.target.max_context
+        encoded: list[tuple[BenchPrompt, list[int]]] = []
+        skipped_prompts = []
+        for prompt in prompts:
+            ids = self.encode(prompt)
+            if len(ids) + params.max_tokens > limit:
+                skipped_prompts.append({"task": prompt.task, "id": prompt.id, "prompt_tokens": len(ids),
+                                        "reason": f"prompt + max_tokens exceeds the context of {limit}"})
+                continue
+            encoded.append((prompt, ids))
+        if not encoded:
+            raise ValueError("no benchmark prompt fits the model context; raise --max-context or lower --max-tokens")
+        started = time.time()
+        if config.warmup:
+            self.log(f"warming up {len(methods)} methods")
+            self.warm_up(encoded[0][1])
+        runs: list[dict] = []
+        outputs: dict[str, dict] = {}
+        total = len(encoded) * config.repeats
+        for index, (prompt, ids) in enumerate(encoded):
+            for repeat in range(config.repeats):
+                turn = index * config.repeats + repeat
+                shift = turn % len(methods) if config.rotate else 0
+                order = methods[shift:] + methods[:shift]
+                tokens_by_method: dict[str, list[int]] = {}
+                batch: list[dict] = []
+                for method in order:
+                    record, tokens = self.measure(method, ids, params)
+                    record.update(task=prompt.task, prompt_id=prompt.id, repeat=repeat)
+                    tokens_by_method[method.name] = tokens
+                    batch.append(record)
+                _mark_identical(batch, tokens_by_method, params.greedy)
+                runs += sorted(batch, key=lambda r: [m.name for m in methods].index(r["method"]))
+                if repeat == 0 and "plain" in tokens_by_method:
+                    outputs[f"{prompt.task}/{prompt.id}"] = {
+                        "prompt_tokens": len(ids),
+                        "plain_text": _decode(self.decoder, tokens_by_method["plain"]),
+                    }
+                self.log(_progress_line(turn + 1, total, prompt, batch))
+        return {
+            "config": {
+                "methods": [m.to_dict() for m in methods],
+                "sampling": {
+                    "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+                    "min_p": params.min_p, "max_tokens": params.max_tokens, "seed": params.seed,
+                    "ignore_eos": params.ignore_eos, "greedy": params.greedy,
+                },
+                "repeats": config.repeats,
+                "warmup": config.warmup,
+                "chat": config.chat if config.chat is not None else _has_chat_template(self.decoder),
+                "interleaved": True,
+                "rotated_order": config.rotate,
+                "tasks": list(dict.fromkeys(p.task for p, _ in encoded)),
+                "num_prompts": len(encoded),
+                **config.extra,
+            },
+            "environment": environment(self.decoder, config.extra.get("weight_format")),
+            "skipped_prompts": skipped_prompts,
+            "runs": runs,
+            "outputs": outputs,
+            "wall_seconds": round(time.time() - started, 3),
+        }
+
+
+def _mark_identical(batch: list[dict], tokens: dict[str, list[int]], greedy: bool) -> None:
+    """Greedy decoding is lossless only if every method reproduces the baseline token for token."""
+    for record in batch:
+        name = record["method"]
+        for key, baseline in (("identical_to_plain", "plain"), ("identical_to_hf_plain", "hf_plain")):
+            if name == baseline or baseline not in tokens or (baseline == "hf_plain" and not name.startswith("hf_")):
+                continue
+            if not greedy:
+                record[key] = None  # sampled outputs differ by design; losslessness is a distribution test
+                continue
+            mine, theirs = tokens[name], tokens[baseline]
+            record[key] = mine == theirs
+            if mine != theirs:
+                record[key.replace("identical", "first_mismatch")] = next(
+                    (i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs))
+                )
+
+
+def _progress_line(done: int, total: int, prompt: BenchPrompt, batch: list[dict]) -> str:
+    rates = "  ".join(f"{r['method']}={r['tokens_per_second']:.1f}" for r in batch)
+    bad = [r["method"] for r in batch if r.get("identical_to_plain") is False]
+    flag = f"  NOT IDENTICAL: {', '.join(bad)}" if bad else ""
+    return f"[{done}/{total}] {prompt.task}/{prompt.id}  tok/s: {rates}{flag}"
+
+
+def _raw_stats(stats: SpecStats) -> dict:
+    return {
+        "num_drafts": stats.num_drafts,
+        "num_draft_tokens": stats.num_draft_tokens,
+        "num_accepted_tokens": stats.num_accepted_tokens,
+        "num_accepted_tokens_per_pos": list(stats.num_accepted_tokens_per_pos),
+        "num_drafts_per_pos": list(stats.num_drafts_per_pos),
+        "num_target_forwards": stats.num_target_forwards,
+        "num_generated_tokens": stats.num_generated_tokens,
+        "num_prompt_tokens": stats.num_prompt_tokens,
+        "draft_seconds": round(stats.draft_seconds, 6),
+        "target_seconds": round(stats.target_seconds, 6),
+        "prefill_seconds": round(stats.prefill_seconds, 6),
+        "total_seconds": round(stats.total_seconds, 6),
+    }
+
+
+def stats_from_raw(raw: dict) -> SpecStats:
+    stats = SpecStats()
+    for key, value in raw.items():
+        if hasattr(stats, key):
+            setattr(stats, key, list(value) if isinstance(value, list) else value)
+    return stats
+
+
+def _counters(backend) -> tuple[int, float]:
+    if backend is None:
+        return 0, 0.0
+    return int(getattr(backend, "forward_calls", 0)), float(getattr(backend, "forward_seconds", 0.0))
+
+
+def _delta(before: tuple[int, float], after: tuple[int, float]) -> dict:
+    return {"calls": after[0] - before[0], "seconds": round(after[1] - before[1], 6)}
+
+
+def _has_chat_template(decoder) -> bool:
+    return bool(getattr(decoder.tokenizer, "chat_template", None))
+
+
+def _decode(decoder, tokens: list[int]) -> str:
+    tokenizer = decoder.tokenizer
+    if tokenizer is None:
+        return " ".join(map(str, tokens))
+    return tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def environment(decoder, weight_format: str | None = None) -> dict:
+    """Versions and hardware, so results from different machines are never compared blindly."""
+    import torch
+    import transformers
+
+    from .. import __version__
+
+    def describe(backend):
+        if backend is None:
+            return None
+        model = getattr(backend, "model", None)
+        params = sum(p.numel() for p in model.parameters()) if model is not None else None
+        return {"name": getattr(backend, "name", "?"), "parameters": params,
+                "max_context": getattr(backend, "max_context", None),
+                "class": type(model).__name__ if model is not None else type(backend).__name__}
+
+    return {
+        "specdec": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "transformers": transformers.__version__,
+        "quantized_engine": torch.backends.quantized.engine,
+        "cuda": torch.cuda.is_available(),
+        "weight_format": weight_format,
+        "target": describe(decoder.target),
+        "draft": describe(decoder.draft),
+    }
+
+
+def run_bench(decoder, prompts: Sequence[BenchPrompt], config: BenchConfig, log=None) -> dict:
+    """Run the benchmark and return results with their summary (see report.summarise)."""
+    from .report import summarise
+
+    runner = BenchRunner(decoder, config, log)
+    try:
+        results = runner.run(prompts)
+    finally:
+        runner.close()
+    results["summary"] = summarise(results)
+    return results
+
+
+__all__ = ["BenchConfig", "BenchRunner", "ForwardProbe", "environment", "run_bench", "stats_from_raw"]
