@@ -511,7 +511,7 @@ def test_client_disconnect_mid_stream_stops_generation(slow_live, reference):
     assert out["choices"][0]["text"] == expected.text
 
 
-def test_client_disconnect_while_waiting_non_streaming(slow_live):
+def test_client_disconnect_non_streaming_stops_generation(slow_live):
     before = metric_values(httpx.get(slow_live.url + "/metrics").text)
     body = {"messages": [{"role": "user", "content": "w4"}], "max_tokens": 200, "temperature": 0,
             "ignore_eos": True}
@@ -523,3 +523,20 @@ def test_client_disconnect_while_waiting_non_streaming(slow_live):
     assert values[GENERATED] - before[GENERATED] < 150
     with httpx.Client(base_url=slow_live.url, timeout=60) as http:
         assert http.post("/v1/completions", json={"prompt": "w1", "max_tokens": 3}).status_code == 200
+
+
+def test_request_abandoned_while_queued_is_never_run(slow_live):
+    before = metric_values(httpx.get(slow_live.url + "/metrics").text)
+    busy = _raw_post(slow_live.port, "/v1/completions", {"prompt": "w1 w2 w3", "max_tokens": 100, "temperature": 0,
+                                                           "ignore_eos": True, "stream": True})
+    while b'"text":"' not in busy.recv(4096):
+        pass
+    queued = _raw_post(slow_live.port, "/v1/completions", {"prompt": "w5 w6 w7 w8 w9", "max_tokens": 100})
+    time.sleep(0.3)
+    queued.close()  # leaves while still waiting behind `busy`
+    time.sleep(0.3)
+    busy.close()
+    values = _wait_for_metric(slow_live.url, ABORTED, before.get(ABORTED, 0) + 2)
+    assert values[ABORTED] == before.get(ABORTED, 0) + 2
+    # Only the running request was prefilled: the queued one was skipped without any engine work.
+    assert values[("specdec:prompt_tokens_total", ())] - before[("specdec:prompt_tokens_total", ())] == 3

@@ -1,0 +1,262 @@
+"""Server lifecycle and plumbing: background loading and /health, API keys, the FIFO worker, `specdec serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from specdec import cli  # noqa: E402
+from specdec.config import SamplingParams  # noqa: E402
+from specdec.engine import Chunk  # noqa: E402
+from specdec.metrics import SpecStats  # noqa: E402
+from specdec.models import ModelLoadError  # noqa: E402
+from specdec.pipeline import SpecDecoder  # noqa: E402
+from specdec.server import create_app  # noqa: E402
+from specdec.server.worker import EngineWorker, Job  # noqa: E402
+from test_server import make_decoder, tiny_tokenizer  # noqa: E402
+
+BODY = {"prompt": "w1 w2", "max_tokens": 4, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def decoder(target_model, draft_model):
+    return make_decoder(target_model, draft_model, tiny_tokenizer())
+
+
+def _wait_healthy(client, timeout=10.0):
+    deadline = time.time() + timeout
+    while client.get("/health").status_code != 200:
+        assert time.time() < deadline, "server never became ready"
+        time.sleep(0.02)
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def test_health_is_503_while_loading_then_200(decoder):
+    release = threading.Event()
+
+    def loader():
+        assert release.wait(10)
+        return decoder
+
+    app = create_app(loader=loader, served_model_name="tiny")
+    with TestClient(app) as client:
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "loading"
+        early = client.post("/v1/completions", json=BODY)
+        assert early.status_code == 503 and early.json()["error"]["type"] == "server_error"
+        assert client.get("/v1/models").json()["data"][0]["id"] == "tiny"  # names are known before loading
+        release.set()
+        _wait_healthy(client)
+        out = client.post("/v1/completions", json=BODY)
+        assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_failed_load_is_reported_by_health():
+    errors = []
+
+    def loader():
+        raise ModelLoadError("no such model: /nowhere")
+
+    app = create_app(loader=loader, served_model_name="tiny", on_load_error=errors.append)
+    with TestClient(app) as client:
+        deadline = time.time() + 5
+        while not errors and time.time() < deadline:
+            time.sleep(0.01)
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json() == {"status": "error", "message": "no such model: /nowhere"}
+        response = client.post("/v1/completions", json=BODY)
+        assert response.status_code == 503 and "failed to load" in response.json()["error"]["message"]
+    assert isinstance(errors[0], ModelLoadError)
+
+
+def test_create_app_needs_a_decoder_or_loader():
+    with pytest.raises(ValueError):
+        create_app()
+
+
+# --------------------------------------------------------------------------------------------- api key
+
+
+def test_api_key_is_enforced_on_v1_only(decoder):
+    app = create_app(decoder, served_model_name="tiny", api_key="sekret")
+    with TestClient(app) as client:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+            for method, path in (("get", "/v1/models"), ("post", "/v1/completions"), ("post", "/v1/chat/completions")):
+                response = getattr(client, method)(path, headers=headers, **({"json": BODY} if method == "post" else {}))
+                assert response.status_code == 401, (path, headers)
+                error = response.json()["error"]
+                assert error["code"] == "invalid_api_key" and set(error) == {"message", "type", "param", "code"}
+        # A bad body without a key is an auth failure first.
+        assert client.post("/v1/completions", content=b"{oops").status_code == 401
+        good = {"Authorization": "Bearer sekret"}
+        assert client.get("/v1/models", headers=good).status_code == 200
+        assert client.post("/v1/completions", headers=good, json=BODY).status_code == 200
+        assert client.get("/health").status_code == 200
+        assert client.get("/metrics").status_code == 200
+
+
+# --------------------------------------------------------------------------------------------- worker
+
+
+class RecordingEngine:
+    """A stand-in engine: records the order requests start, one token per step."""
+
+    def __init__(self, gate: threading.Event):
+        self.gate = gate
+        self.order: list[int] = []
+        self.active = 0
+        self.max_active = 0
+
+    def stream(self, prompt, params):
+        def run():
+            self.order.append(prompt[0])
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            self.last_stats = SpecStats(num_prompt_tokens=len(prompt))
+            try:
+                if prompt[0] == 0:
+                    assert self.gate.wait(10)
+                for i in range(params.max_tokens):
+                    time.sleep(0.001)
+                    done = i == params.max_tokens - 1
+                    self.last_stats.num_generated_tokens += 1
+                    yield Chunk([5], [False], f" t{prompt[0]}", "length" if done else None)
+            finally:
+                self.active -= 1
+
+        return run()
+
+
+def test_worker_serves_one_job_at_a_time_first_come_first_served():
+    gate = threading.Event()
+    engine = RecordingEngine(gate)
+    worker = EngineWorker(engine)
+
+    async def main():
+        params = SamplingParams(max_tokens=3)
+        jobs = [Job([i], params) for i in range(8)]
+        for job in jobs:
+            worker.submit(job)
+        jobs[5].cancel()  # the client left while queued: never started
+        await asyncio.sleep(0.05)
+        assert worker.num_waiting == 7 and engine.order == [0]
+        gate.set()
+        results = []
+        for job in jobs:
+            texts = [event.chunk.text async for event in job.events_until_done() if event.kind == "chunk"]
+            results.append(("".join(texts), job.finish_reason))
+        return results
+
+    results = asyncio.run(main())
+    worker.shutdown()
+    assert engine.order == [0, 1, 2, 3, 4, 6, 7]
+    assert engine.max_active == 1
+    assert results[5] == ("", "abort")
+    assert all(results[i] == (f" t{i}" * 3, "length") for i in range(8) if i != 5)
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def test_serve_subcommand_is_registered_with_vllm_style_flags():
+    parser = cli.build_parser()
+    args = parser.parse_args(["serve", "org/target", "--draft", "org/draft", "-k", "3"])
+    assert args.command == "serve" and args.host == "127.0.0.1" and args.port == 8000
+    assert args.api_key is None and args.served_model_name is None and args.k == 3
+    assert callable(args.handler)
+    args = parser.parse_args(["serve", "--port", "9001", "--host", "0.0.0.0", "--api-key", "k",
+                              "--served-model-name", "a", "b", "-md", "d"])
+    assert (args.port, args.host, args.api_key, args.served_model_name, args.draft) == (9001, "0.0.0.0", "k",
+                                                                                      ["a", "b"], "d")
+
+
+def test_serve_without_a_drafter_is_a_clear_error(capsys):
+    assert cli.main(["serve", "some/model", "--port", "0"]) == 2
+    assert "no drafter" in capsys.readouterr().err
+
+
+@pytest.fixture()
+def captured_servers(monkeypatch):
+    servers = []
+    original = uvicorn.Server.__init__
+
+    def init(self, config):
+        original(self, config)
+        servers.append(self)
+
+    monkeypatch.setattr(uvicorn.Server, "__init__", init)
+    return servers
+
+
+def _run_cli_in_thread(argv):
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("rc", cli.main(argv)), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def _wait_started(servers, thread, timeout=20.0):
+    deadline = time.time() + timeout
+    while not (servers and servers[0].started):
+        assert thread.is_alive() and time.time() < deadline, "server did not start"
+        time.sleep(0.01)
+    return f"http://127.0.0.1:{servers[0].servers[0].sockets[0].getsockname()[1]}"
+
+
+def test_specdec_serve_loads_in_background_and_serves_the_openai_client(monkeypatch, captured_servers, decoder):
+    release = threading.Event()
+    seen = {}
+
+    def fake_load(cls, ref=None, spec=None):
+        seen["ref"], seen["spec"] = ref, spec
+        assert release.wait(10)
+        return SpecDecoder(decoder.target, decoder.draft, spec)
+
+    monkeypatch.setattr(SpecDecoder, "load", classmethod(fake_load))
+    thread, result = _run_cli_in_thread(["serve", "org/target", "--draft", "org/draft", "-k", "3", "--port", "0",
+                                         "--api-key", "sekret", "--served-model-name", "tiny", "tiny-alias",
+                                         "--log-level", "warning"])
+    url = _wait_started(captured_servers, thread)
+    try:
+        assert httpx.get(url + "/health").status_code == 503
+        release.set()
+        _wait_healthy(httpx.Client(base_url=url))
+        assert seen["ref"].target == "org/target" and seen["ref"].draft == "org/draft"
+        assert seen["spec"].num_speculative_tokens == 3 and seen["spec"].drafter == "draft_model"
+        client = openai.OpenAI(base_url=url + "/v1", api_key="sekret", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["tiny", "tiny-alias"]
+        out = client.chat.completions.create(model="tiny-alias", messages=[{"role": "user", "content": "w1"}],
+                                             max_tokens=5, temperature=0)
+        assert out.model == "tiny-alias" and out.model_extra["specdec"]["num_speculative_tokens"] == 3
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+    finally:
+        captured_servers[0].should_exit = True
+        thread.join(10)
+    assert result["rc"] == 0
+
+
+def test_specdec_serve_exits_with_the_load_error(monkeypatch, captured_servers, capsys):
+    def failing_load(cls, ref=None, spec=None):
+        raise ModelLoadError("cannot find model 'org/missing'")
+
+    monkeypatch.setattr(SpecDecoder, "load", classmethod(failing_load))
+    thread, result = _run_cli_in_thread(["serve", "org/missing", "--draft", "org/draft", "--port", "0",
+                                         "--log-level", "critical"])
+    thread.join(20)
+    assert not thread.is_alive()
+    assert result["rc"] == 2
+    assert "cannot find model 'org/missing'" in capsys.readouterr().err
