@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from markov_backend import one_torch_thread  # noqa: F401
 
 from specdec.adaptive import AdaptiveK
 from specdec.backends.transformers_backend import TransformersBackend

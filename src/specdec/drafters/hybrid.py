@@ -1,0 +1,81 @@
+"""Hybrid drafter: copy from the context when a long enough n-gram matches (free), otherwise draft with the draft model.
+
+Lookup drafts carry probs=None (one-hot q); model drafts carry the model's q, so the verifier stays
+lossless step by step whichever source was used. The draft model's KV cache stays consistent across
+lookup steps: only the model's own proposals are reported back to it through accepted(), and on its
+next propose() it feeds whatever context it has not seen yet (DraftModelDrafter's catch-up).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from ..config import SamplingParams, SpecConfig
+from .base import Draft, register_drafter
+from .draft_model import DraftModelDrafter
+from .prompt_lookup import PromptLookupDrafter
+
+
+class HybridDrafter:
+    """Prompt lookup first, draft model as the fallback.
+
+    min_match: the shortest n-gram match that is trusted over the draft model (default 2, kept
+    within [spec.lookup_min_ngram, spec.lookup_max_ngram]); a one-token match is usually a coincidence.
+    """
+
+    name = "hybrid"
+
+    def __init__(self, draft_backend, spec: SpecConfig | None = None, min_match: int | None = None):
+        if draft_backend is None:
+            raise ValueError("the hybrid drafter needs a draft model (--draft) for steps where lookup finds nothing")
+        self.spec = spec or SpecConfig(drafter=self.name)
+        if min_match is None:
+            min_match = 2
+        self.min_match = max(self.spec.lookup_min_ngram, min(min_match, self.spec.lookup_max_ngram))
+        self.lookup = PromptLookupDrafter(self.spec, min_ngram=self.min_match)
+        self.model = DraftModelDrafter(draft_backend, self.spec)
+        self._last_source: str | None = None  # "lookup" or "model": who made the draft being verified
+        self.num_lookup_drafts = 0
+        self.num_model_drafts = 0
+
+    def begin(self, prompt: Sequence[int], params: SamplingParams, generator: torch.Generator) -> None:
+        self.lookup.begin(prompt, params, generator)
+        self.model.begin(prompt, params, generator)
+        self._last_source = None
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        began = time.perf_counter()
+        if k <= 0:
+            self._last_source = None
+            return Draft([], None, time.perf_counter() - began)
+        tokens = self.lookup.lookup(context, k)
+        if tokens:
+            self._last_source = "lookup"
+            self.num_lookup_drafts += 1
+            return Draft(tokens, None, time.perf_counter() - began)
+        draft = self.model.propose(context, k)
+        self._last_source = "model" if draft.tokens else None
+        self.num_model_drafts += bool(draft.tokens)
+        return Draft(draft.tokens, draft.probs, time.perf_counter() - began)
+
+    def accepted(self, num_accepted: int, num_proposed: int) -> None:
+        # Only the model wrote speculative tokens into its cache; a lookup draft left it untouched.
+        if self._last_source == "model":
+            self.model.accepted(num_accepted, num_proposed)
+        self._last_source = None
+
+    def end(self) -> None:
+        self.lookup.end()
+        self.model.end()
+        self._last_source = None
+
+
+register_drafter(
+    "hybrid",
+    lambda draft_backend=None, spec=None, **kw: HybridDrafter(draft_backend, spec, **kw),
+)
+
+__all__ = ["HybridDrafter"]
