@@ -103,6 +103,7 @@ def test_api_key_is_enforced_on_v1_only(decoder):
         assert client.post("/v1/completions", content=b"{oops").status_code == 401
         good = {"Authorization": "Bearer sekret"}
         assert client.get("/v1/models", headers=good).status_code == 200
+        assert client.get("/v1/models", headers={"Authorization": "bearer  sekret"}).status_code == 200
         assert client.post("/v1/completions", headers=good, json=BODY).status_code == 200
         assert client.get("/health").status_code == 200
         assert client.get("/metrics").status_code == 200

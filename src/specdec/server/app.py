@@ -12,8 +12,9 @@ import hmac
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -115,19 +116,23 @@ class APIKeyMiddleware:
 
     def __init__(self, app, api_key: str, metrics: ServerMetrics):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
         self.metrics = metrics
 
+    def _authorized(self, scope) -> bool:
+        header = dict(scope.get("headers") or []).get(b"authorization", b"")
+        scheme, _, token = header.strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)
+
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                self.metrics.request_error(401)
-                body = error_body("Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-                                  "invalid_request_error", None, "invalid_api_key")
-                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-                await response(scope, receive, send)
-                return
+        protected = scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS"
+        if protected and not self._authorized(scope):
+            self.metrics.request_error(401)
+            body = error_body("Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                              "invalid_request_error", None, "invalid_api_key")
+            response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 
@@ -222,15 +227,19 @@ def create_app(
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
 
+    def model_card(name: str) -> dict[str, Any]:
+        card: dict[str, Any] = {"id": name, "object": "model", "created": state.created, "owned_by": "specdec"}
+        if state.ready:
+            card["max_model_len"] = state.engine.target.max_context
+        return card
+
     @app.get("/v1/models")
     async def models():
-        data = []
-        for name in state.names:
-            entry: dict[str, Any] = {"id": name, "object": "model", "created": state.created, "owned_by": "specdec"}
-            if state.ready:
-                entry["max_model_len"] = state.engine.target.max_context
-            data.append(entry)
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [model_card(name) for name in state.names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        return model_card(state.check_model(model_id))
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):

@@ -72,7 +72,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     app = create_app(loader=load, served_model_name=served_names(args), api_key=args.api_key,
                      on_load_error=on_load_error)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    # On shutdown, open streams get a few seconds; then they are cancelled (which stops their generation).
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     server_box.append(server)
     print(f"specdec serve: loading {ref.target} (draft: {ref.draft or 'none'}); "

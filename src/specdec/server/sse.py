@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 DONE = b"data: [DONE]\n\n"
 MEDIA_TYPE = "text/event-stream"

@@ -15,8 +15,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Sequence
+from typing import Any
 
 from ..config import SamplingParams
 from ..engine import Chunk
