@@ -40,7 +40,10 @@ class ServerMetrics:
         r, m = self.registry, ["model_name"]
 
         def counter(name, doc, extra=()):
-            return Counter(name, doc, m + list(extra), registry=r)
+            metric = Counter(name, doc, m + list(extra), registry=r)
+            if not extra:
+                metric.labels(model_name)  # exposed as 0 from the start
+            return metric
 
         self._num_drafts = counter("specdec:spec_decode_num_drafts", "Number of spec decoding drafts.")
         self._num_draft_tokens = counter("specdec:spec_decode_num_draft_tokens", "Number of draft tokens.")
