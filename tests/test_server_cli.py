@@ -172,7 +172,8 @@ def test_worker_serves_one_job_at_a_time_first_come_first_served():
 # --------------------------------------------------------------------------------------------- CLI
 
 
-def test_serve_subcommand_is_registered_with_vllm_style_flags():
+def test_serve_subcommand_is_registered_with_vllm_style_flags(monkeypatch):
+    monkeypatch.delenv("SPECDEC_API_KEY", raising=False)
     parser = cli.build_parser()
     args = parser.parse_args(["serve", "org/target", "--draft", "org/draft", "-k", "3"])
     assert args.command == "serve" and args.host == "127.0.0.1" and args.port == 8000
@@ -182,6 +183,8 @@ def test_serve_subcommand_is_registered_with_vllm_style_flags():
                               "--served-model-name", "a", "b", "-md", "d"])
     assert (args.port, args.host, args.api_key, args.served_model_name, args.draft) == (9001, "0.0.0.0", "k",
                                                                                       ["a", "b"], "d")
+    monkeypatch.setenv("SPECDEC_API_KEY", "from-env")
+    assert cli.build_parser().parse_args(["serve"]).api_key == "from-env"
 
 
 def test_serve_without_a_drafter_is_a_clear_error(capsys):

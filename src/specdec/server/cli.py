@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -20,8 +21,9 @@ def register(commands) -> None:
     add_spec_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    serve.add_argument("--api-key", default=None,
-                       help="require 'Authorization: Bearer KEY' on /v1/* (default: no authentication)")
+    serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY") or None,
+                       help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY, else no "
+                       "authentication)")
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="model name(s) clients send in 'model' (default: the target model argument)")
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
