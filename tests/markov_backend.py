@@ -7,7 +7,7 @@ known exactly (draft_p_min), which random-weight transformers cannot give cheapl
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch

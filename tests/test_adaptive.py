@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from markov_backend import one_torch_thread  # noqa: F401
 
+from markov_backend import one_torch_thread  # noqa: F401
 from specdec.adaptive import AdaptiveK
 from specdec.backends.transformers_backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
@@ -15,7 +15,7 @@ from specdec.engine import SpeculativeEngine, plain_engine
 from specdec.metrics import expected_tokens_per_step
 from specdec.policy import make_policy
 
-FLAT = lambda size: 1.0  # noqa: E731  verifying k+1 tokens costs one forward (memory-bound decode)
+FLAT = lambda size: 1.0
 
 
 def simulate(policy, steps, acceptance, draft_cost, verify_cost=FLAT, seed=0):

@@ -8,8 +8,14 @@ from collections import Counter
 
 import pytest
 import torch
-from markov_backend import MarkovBackend, chi_square_pvalue, one_torch_thread, random_table, sequence_distribution  # noqa: F401
 
+from markov_backend import (  # noqa: F401
+    MarkovBackend,
+    chi_square_pvalue,
+    one_torch_thread,
+    random_table,
+    sequence_distribution,
+)
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import available_drafters, create_drafter
 from specdec.drafters.prompt_lookup import NgramIndex, PromptLookupDrafter
@@ -129,7 +135,7 @@ def hf_greedy(target_model):
                 do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0,
             )
             cache[key] = out[0, len(prompt):].tolist()
-            assert len(cache[key]) == n, "the reference stopped early; pick a prompt without EOS" 
+            assert len(cache[key]) == n, "the reference stopped early; pick a prompt without EOS"
         return cache[key]
 
     return run
@@ -172,7 +178,7 @@ def test_sampled_output_is_distributed_as_the_target():
     table = random_table(5, seed=7, boost={0: 1, 1: 2, 2: 0})
     target = MarkovBackend(table)
     prompt = [0, 1, 2, 0, 1, 2, 0, 1]
-    params = dict(temperature=1.0, max_tokens=3, ignore_eos=True)
+    params = {"temperature": 1.0, "max_tokens": 3, "ignore_eos": True}
     engine = _engine(target, k=3)
     counts: Counter = Counter()
     draws = 3000

@@ -9,7 +9,7 @@ next propose() it feeds whatever context it has not seen yet (DraftModelDrafter'
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

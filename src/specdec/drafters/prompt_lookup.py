@@ -9,7 +9,7 @@ O(new tokens x n-gram sizes + k), not a scan of the whole context.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
