@@ -18,8 +18,8 @@ The cost model is Leviathan et al.'s, with every term measured online instead of
 
 Every estimate is a decayed sum, so old evidence fades and the policy follows shifts in acceptance
 (e.g. the prompt stops being copied). A position's evidence fades only on steps that drafted it (new
-evidence could have arrived), and a position with little evidence borrows its predecessor's rate. Every `explore_every` steps it tries the best k +/- 1 so the
-neighbouring estimates do not go stale. Decisions are a pure function of the updates it was fed:
+evidence could have arrived), and a position with little evidence borrows its predecessor's rate.
+Every `explore_every` steps it tries the best k +/- 1 so the neighbouring estimates do not go stale. Decisions are a pure function of the updates it was fed:
 no random numbers and no clock of its own, so it is unit-testable with synthetic timings.
 
 Note: in sampled mode the emitted text is exactly target-distributed whatever k is chosen, but the
@@ -54,8 +54,8 @@ class AdaptiveK:
     decay:         each step that drafts position i multiplies that position's old evidence by this
                    (0.85 ~ the last 7 such steps); positions not drafted keep theirs until explored.
     time_alpha:    EWMA weight of a new timing sample.
-    shrink:        pseudo-observations pulling each position's rate toward the overall rate, so a
-                   rarely reached position borrows strength from the others.
+    shrink:        pseudo-observations pulling each position's rate toward its predecessor's (position 0:
+                   toward the pooled rate), so a rarely reached position borrows strength from the others.
     explore_every: every this many decisions, try best k + 1 or - 1 (alternating); 0 disables.
     """
 
