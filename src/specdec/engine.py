@@ -149,6 +149,11 @@ class SpeculativeEngine:
                     finish = finish or "length"
                 context += new_tokens
                 generated += len(new_tokens)
+                # EOS inside an accepted draft: drop the accepted tokens after it from the cache too, so the
+                # invariant (cache = context minus its last token) holds after every chunk, the last included.
+                excess = cache.length - (len(context) - 1)
+                if excess > 0:
+                    cache.trim(excess)
                 stats.num_generated_tokens = generated
                 visible = [t for t in new_tokens if t not in eos]
                 delta = text.push(visible)
