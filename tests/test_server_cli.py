@@ -107,6 +107,8 @@ def test_api_key_is_enforced_on_v1_only(decoder):
         assert client.post("/v1/completions", headers=good, json=BODY).status_code == 200
         assert client.get("/health").status_code == 200
         assert client.get("/metrics").status_code == 200
+    with TestClient(app) as client:  # served again after a shutdown: a fresh worker takes over
+        assert client.post("/v1/completions", headers=good, json=BODY).status_code == 200
 
 
 # --------------------------------------------------------------------------------------------- worker

@@ -174,6 +174,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if state.worker is not None and not state.worker.alive:  # the app is being served again
+            state.worker = EngineWorker(state.engine, metrics)
         if not state.ready and loader is not None and state.load_error is None:
             threading.Thread(target=state.load, args=(loader,), name="specdec-loader", daemon=True).start()
         yield

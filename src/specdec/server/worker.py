@@ -101,6 +101,10 @@ class EngineWorker:
         self._thread.start()
 
     @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
     def num_waiting(self) -> int:
         return self._waiting
 
