@@ -8,7 +8,7 @@ from .pipeline import SpecDecoder
 __version__ = "0.1.0"
 
 
-def load(target: str = "default", draft: str | None = "default", weight_format: str = "int8",
+def load(target: str = "default", draft: str | None = "default", weight_format: str = "fp32",
          max_context: int = 4096, spec: SpecConfig | None = None) -> SpecDecoder:
     """Load a model pair ('default' = the packaged Qwen2.5-Coder 1.5B target and 0.5B draft)."""
     target = "default-target" if target == "default" else target

@@ -100,7 +100,7 @@ class ModelRef:
 
     target: str = "default"
     draft: str | None = "default"
-    weight_format: str = "int8"
+    weight_format: str = "fp32"
     max_context: int = 4096
     trust_remote_code: bool = False
 

@@ -137,7 +137,7 @@ def assemble_packaged(name: str) -> Path:
 
 
 def load_backend(
-    reference: str, weight_format: str = "int8", max_context: int = 4096, role: str = "model"
+    reference: str, weight_format: str = "fp32", max_context: int = 4096, role: str = "model"
 ) -> TransformersBackend:
     """Load one model (tokenizer + weights), convert it to weight_format, and wrap it as a backend."""
     import torch
@@ -154,10 +154,23 @@ def load_backend(
         model = AutoModelForCausalLM.from_pretrained(resolved.source, dtype=torch.float32, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"could not load {role} model {reference!r}: {exc}") from exc
+    if resolved.gguf_file:
+        _drop_gguf_marker(model)
     if reference in DEFAULT_MODELS and resolved.gguf_file:
         _save_converted(model, tokenizer, Path(resolved.source) / resolved.gguf_file)
     apply_weight_format(model, weight_format)
     return TransformersBackend(model, tokenizer, name=resolved.label or reference, max_context=max_context)
+
+
+def _drop_gguf_marker(model) -> None:
+    """transformers de-quantizes GGUF to plain tensors but keeps a quantizer marker that blocks casting and saving."""
+    model.hf_quantizer = None
+    try:
+        model.is_quantized = False
+    except AttributeError:
+        pass
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
 
 
 def _save_converted(model, tokenizer, gguf_path: Path) -> None:
@@ -202,7 +215,7 @@ def check_vocab_compatible(target: TransformersBackend, draft: TransformersBacke
 def load_pair(
     target: str = "default-target",
     draft: str | None = "default-draft",
-    weight_format: str = "int8",
+    weight_format: str = "fp32",
     max_context: int = 4096,
 ) -> tuple[TransformersBackend, TransformersBackend | None]:
     """Load target and draft with the same weight format and check they share a vocabulary."""

