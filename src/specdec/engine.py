@@ -58,6 +58,16 @@ class SpeculativeEngine:
         self.decode = decode or _default_decoder(target)
         self.cache = None
         self.total_stats = SpecStats()
+        self._adaptive_policy = None
+
+    def _policy_for_request(self):
+        # The adaptive cost model measures the hardware, which does not change between requests,
+        # so it is kept for the engine's lifetime; the other policies start fresh per request.
+        if self.spec.k_policy == "adaptive":
+            if self._adaptive_policy is None:
+                self._adaptive_policy = make_policy("adaptive", self.spec.num_speculative_tokens)
+            return self._adaptive_policy
+        return make_policy(self.spec.k_policy, self.spec.num_speculative_tokens)
 
     def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
         """Refuse a request that cannot fit, before any work is done."""
@@ -100,7 +110,7 @@ class SpeculativeEngine:
         generator = make_generator(params.seed)
         eos = frozenset() if params.ignore_eos else self.target.eos_token_ids
         text = TextStream(self.decode, params.stop)
-        policy = make_policy(self.spec.k_policy, self.spec.num_speculative_tokens)
+        policy = self._policy_for_request()
         if self.cache is None:
             self.cache = self.target.new_cache(self.target.max_context)
         cache = self.cache

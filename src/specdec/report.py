@@ -53,9 +53,10 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
         report["speedup"] = round(stats.tokens_per_second / plain.stats.tokens_per_second, 3) \
             if plain.stats.tokens_per_second else None
         report["cost_ratio"] = round(cost_ratio, 4)
-        report["leviathan_bound"] = round(
-            leviathan_speedup(stats.acceptance_rate, spec.num_speculative_tokens, cost_ratio), 3
-        )
+        # Adaptive k and the confidence stop shorten drafts, so the bound uses the mean drafted length.
+        mean_k = stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else 0.0
+        report["mean_draft_length"] = round(mean_k, 3)
+        report["leviathan_bound"] = round(leviathan_speedup(stats.acceptance_rate, mean_k, cost_ratio), 3)
         if params.greedy:
             report["identical_to_plain"] = plain.tokens == tokens
     return report
