@@ -110,7 +110,7 @@ def test_method_parsing_adds_baselines_and_refuses_unknown_names():
 
 def test_bench_end_to_end_writes_json_markdown_and_plot(decoder, tmp_path):
     prompts = load_tasks(["humaneval", "code_edit"], limit=1)
-    methods, skipped = resolve_methods(
+    methods, _skipped = resolve_methods(
         "plain,spec_k2,spec_k4,hf_plain,hf_assisted,hf_assisted_k3", MethodOptions(), has_draft_model=True,
     )
     config = BenchConfig(methods=methods, params=SamplingParams(max_tokens=8), extra={"weight_format": "fp32"})
@@ -202,3 +202,26 @@ def test_cli_bad_argument_type_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--limit", "many"])
     assert exit_info.value.code == 2
+
+
+def test_a_greedy_mismatch_is_reported_with_where_and_which_tokens(decoder, tmp_path, monkeypatch):
+    from specdec.bench.runner import BenchRunner
+
+    original = BenchRunner.run_method
+
+    def corrupted(self, method, prompt_ids, params):
+        outcome = original(self, method, prompt_ids, params)
+        if method.name == "spec_k2" and len(outcome.tokens) > 2:
+            outcome.tokens[2] = (outcome.tokens[2] + 1) % VOCAB
+        return outcome
+
+    monkeypatch.setattr(BenchRunner, "run_method", corrupted)
+    methods, _ = resolve_methods("plain,spec_k2", MethodOptions(), has_draft_model=True)
+    config = BenchConfig(methods=methods, params=SamplingParams(max_tokens=6, ignore_eos=True), warmup=False)
+    results = run_bench(decoder, load_tasks(["humaneval"], limit=1), config, log=lambda message: None)
+    row = results["summary"]["overall"]["spec_k2"]
+    assert row["identical_to_plain"] is False and row["num_identical_to_plain"] == "0/1"
+    run = next(r for r in results["runs"] if r["method"] == "spec_k2")
+    assert run["mismatch_to_plain"]["index"] == 2 and len(run["tokens"]) == 6
+    markdown = write_results(results, tmp_path, plot=False)["markdown"].read_text()
+    assert "**Warning:** greedy output differs" in markdown and "| humaneval/HumanEval/0 | spec_k2 | plain | 2 |" in markdown

@@ -241,6 +241,28 @@ def position_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def mismatch_lines(results: dict, limit: int = 30) -> list[str]:
+    """Where greedy outputs diverge: prompt, method, token index, and the two tokens (a near-tie shows here)."""
+    lines = ["| prompt | method | vs | first differing token | method's token | baseline's token |",
+             "|---|---|---|---:|---|---|"]
+    count = 0
+    for run in results["runs"]:
+        for baseline in ("plain", "hf_plain"):
+            detail = run.get(f"mismatch_to_{baseline}")
+            if not detail:
+                continue
+            count += 1
+            if count <= limit:
+                lines.append(
+                    f"| {run['task']}/{run['prompt_id']} | {run['method']} | {baseline} | {detail['index']} "
+                    f"| `{detail['method_text']!r}` ({detail['method_token']}) "
+                    f"| `{detail['baseline_text']!r}` ({detail['baseline_token']}) |"
+                )
+    if count > limit:
+        lines.append(f"| … | {count - limit} more in results.json | | | | |")
+    return lines
+
+
 def to_markdown(results: dict) -> str:
     config, env, summary = results["config"], results["environment"], results["summary"]
     sampling = config["sampling"]
@@ -286,7 +308,8 @@ def to_markdown(results: dict) -> str:
     mismatched = [n for n, r in summary["overall"].items()
                   if r.get("identical_to_plain") is False or r.get("identical_to_hf_plain") is False]
     if mismatched:
-        lines += ["", f"**Warning:** greedy output differs from the baseline for: {', '.join(mismatched)}."]
+        lines += ["", f"**Warning:** greedy output differs from the baseline for: {', '.join(mismatched)}.", ""]
+        lines += mismatch_lines(results)
     if results.get("skipped_methods"):
         lines += ["", "Skipped methods: " + "; ".join(f"{k} ({v})" for k, v in results["skipped_methods"].items())]
     if results.get("skipped_prompts"):

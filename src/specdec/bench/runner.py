@@ -183,6 +183,25 @@ class BenchRunner:
             return self.decoder.encode(prompt.completion_text, chat=False)
         return self.decoder.encode(prompt.text, chat=True)
 
+    def _describe_mismatches(self, batch: list[dict], tokens: dict[str, list[int]]) -> None:
+        """For a greedy mismatch keep both token lists and the first differing tokens as text, to debug it."""
+        for record in batch:
+            for baseline in ("plain", "hf_plain"):
+                index = record.get(f"first_mismatch_to_{baseline}")
+                if index is None:
+                    continue
+                mine, theirs = tokens[record["method"]], tokens[baseline]
+                record.setdefault("tokens", mine)
+                record[f"mismatch_to_{baseline}"] = {
+                    "index": index,
+                    "method_token": mine[index] if index < len(mine) else None,
+                    "baseline_token": theirs[index] if index < len(theirs) else None,
+                    "method_text": _decode(self.decoder, mine[index:index + 1]),
+                    "baseline_text": _decode(self.decoder, theirs[index:index + 1]),
+                    "common_prefix_text": _decode(self.decoder, mine[max(0, index - 8):index]),
+                    "baseline_tokens": theirs,
+                }
+
     def warm_up(self, prompt_ids: Sequence[int]) -> None:
         """One short untimed run of each method (allocates caches, loads kernels, builds HF objects).
 
@@ -231,11 +250,13 @@ class BenchRunner:
                     tokens_by_method[method.name] = tokens
                     batch.append(record)
                 _mark_identical(batch, tokens_by_method, params.greedy)
+                self._describe_mismatches(batch, tokens_by_method)
                 runs += sorted(batch, key=lambda r: [m.name for m in methods].index(r["method"]))
                 if repeat == 0 and "plain" in tokens_by_method:
                     outputs[f"{prompt.task}/{prompt.id}"] = {
                         "prompt_tokens": len(ids),
                         "plain_text": _decode(self.decoder, tokens_by_method["plain"]),
+                        "plain_tokens": tokens_by_method["plain"],
                     }
                 self.log(_progress_line(turn + 1, total, prompt, batch))
         return {
