@@ -58,3 +58,32 @@ def target_backend(target_model):
 @pytest.fixture()
 def draft_backend(draft_model):
     return TransformersBackend(draft_model, name="tiny-draft", max_context=256)
+
+
+def tiny_tokenizer(vocab: int = VOCAB, word: str = "w"):
+    """A word-level PreTrainedTokenizerFast over `vocab` ids ("<pad>", "<s>", "<unk>", "</s>", then w4, w5, ...).
+
+    Built in memory from the `tokenizers` library (no downloads); `word` changes every token string,
+    which gives a tokenizer with the same size but a different vocabulary. Save it next to a Llama model:
+    AutoTokenizer forces Qwen2Tokenizer on qwen2 directories, which mangles a word-level vocabulary.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "<unk>", "</s>"]
+    table = {tok: i for i, tok in enumerate(specials)}
+    table.update({f"{word}{i}": i for i in range(len(specials), vocab)})
+    core = Tokenizer(models.WordLevel(vocab=table, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token="<unk>", pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+def save_tiny_model(path, model, tokenizer=None):
+    """save_pretrained a tiny model (and tokenizer) into path; returns str(path) for load_backend/CLI use."""
+    model.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return str(path)
