@@ -9,11 +9,13 @@ __version__ = "0.1.0"
 
 
 def load(target: str = "default", draft: str | None = "default", weight_format: str = "fp32",
-         max_context: int = 4096, spec: SpecConfig | None = None) -> SpecDecoder:
+         max_context: int = 4096, spec: SpecConfig | None = None,
+         draft_weight_format: str | None = None) -> SpecDecoder:
     """Load a model pair ('default' = the packaged Qwen2.5-Coder 1.5B target and 0.5B draft)."""
     target = "default-target" if target == "default" else target
     draft = "default-draft" if draft == "default" else draft
-    return SpecDecoder.load(ModelRef(target, draft, weight_format, max_context), spec)
+    ref = ModelRef(target, draft, weight_format, max_context, draft_weight_format=draft_weight_format)
+    return SpecDecoder.load(ref, spec)
 
 
 __all__ = [

@@ -24,6 +24,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "faster on CPU but its activation rounding amplifies tiny numeric differences between the batched "
         "verify pass and one-token decoding, so greedy output can differ from plain decoding at near-ties",
     )
+    parser.add_argument(
+        "--draft-weight-format", dest="draft_weight_format", choices=WEIGHT_FORMATS, default=None,
+        help="weights for the draft model only (default: same as --weight-format). The draft's precision "
+        "never changes the output, only how often it is accepted and how fast it drafts",
+    )
     parser.add_argument("--max-context", "--max-model-len", dest="max_context", type=int, default=4096,
                         help="KV cache capacity in tokens (prompt + generated); default 4096")
 
@@ -58,7 +63,10 @@ def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
         draft = "default-draft"
     elif draft == "default":
         draft = "default-draft"
-    return ModelRef(target=target, draft=draft, weight_format=args.weight_format, max_context=args.max_context)
+    return ModelRef(
+        target=target, draft=draft, weight_format=args.weight_format, max_context=args.max_context,
+        draft_weight_format=getattr(args, "draft_weight_format", None),
+    )
 
 
 def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfig:

@@ -103,12 +103,18 @@ class ModelRef:
     weight_format: str = "fp32"
     max_context: int = 4096
     trust_remote_code: bool = False
+    # The draft's precision cannot change the output (any q is verified exactly), only its speed.
+    draft_weight_format: str | None = None  # None: same as weight_format
 
     def __post_init__(self) -> None:
         _check(bool(self.target), "a target model is required")
         _check(
             self.weight_format in WEIGHT_FORMATS,
             f"weight format must be one of {', '.join(WEIGHT_FORMATS)}; got {self.weight_format!r}",
+        )
+        _check(
+            self.draft_weight_format is None or self.draft_weight_format in WEIGHT_FORMATS,
+            f"draft weight format must be one of {', '.join(WEIGHT_FORMATS)}; got {self.draft_weight_format!r}",
         )
         _check(
             isinstance(self.max_context, int) and self.max_context >= 16,

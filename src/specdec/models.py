@@ -217,11 +217,12 @@ def load_pair(
     draft: str | None = "default-draft",
     weight_format: str = "fp32",
     max_context: int = 4096,
+    draft_weight_format: str | None = None,
 ) -> tuple[TransformersBackend, TransformersBackend | None]:
     """Load target and draft with the same weight format and check they share a vocabulary."""
     target_backend = load_backend(target, weight_format, max_context, role="target")
     if draft is None:
         return target_backend, None
-    draft_backend = load_backend(draft, weight_format, max_context, role="draft")
+    draft_backend = load_backend(draft, draft_weight_format or weight_format, max_context, role="draft")
     check_vocab_compatible(target_backend, draft_backend)
     return target_backend, draft_backend

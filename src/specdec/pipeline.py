@@ -24,7 +24,9 @@ class SpecDecoder:
         from .models import load_pair
 
         ref = ref or ModelRef()
-        target, draft = load_pair(ref.target, ref.draft, ref.weight_format, ref.max_context)
+        target, draft = load_pair(
+            ref.target, ref.draft, ref.weight_format, ref.max_context, draft_weight_format=ref.draft_weight_format
+        )
         return cls(target, draft, spec)
 
     def engine(self, spec: SpecConfig | None = None) -> SpeculativeEngine:
