@@ -1,0 +1,178 @@
+"""The `specdec` console script: bad input gives a one-line error and a non-zero exit (no traceback); a tiny
+model pair runs end to end with --json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import save_tiny_model, tiny_llama, tiny_tokenizer
+
+from specdec.cli import main
+
+
+def _env(tmp_path) -> dict:
+    env = dict(os.environ)
+    env.update({"HF_HUB_OFFLINE": "1", "SPECDEC_CACHE": str(tmp_path / "cache"), "PYTHONWARNINGS": "ignore",
+                "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"})
+    return env
+
+
+def _spawn(args, tmp_path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "specdec.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(tmp_path), cwd=str(tmp_path),
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """A target and a perturbed-copy draft saved with a shared word-level tokenizer (Llama: see conftest)."""
+    root = tmp_path_factory.mktemp("cli-models")
+    tokenizer = tiny_tokenizer()
+    target = tiny_llama(seed=0)
+    draft = tiny_llama(seed=0)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.2 * p.std())
+    save_tiny_model(root / "draft-other-vocab", tiny_llama(seed=2), tiny_tokenizer(word="v"))
+    (root / "notes.txt").write_text("not a model")
+    (root / "empty-dir").mkdir()
+    return save_tiny_model(root / "target", target, tokenizer), save_tiny_model(root / "draft", draft, tokenizer), root
+
+
+# name: (arguments, words the one-line message must contain)
+SUBPROCESS_BAD_INPUTS = {  # through a fresh `python -m specdec.cli`, exactly as a user runs it
+    "missing_gguf": (["generate", "{root}/missing-model.gguf"], ["model file not found", "missing-model.gguf"]),
+    "negative_temperature": (["generate", "{target}", "--temperature", "-1"], ["temperature", "-1"]),
+    "k_zero": (["generate", "{target}", "--draft", "{draft}", "-k", "0"], ["num_speculative_tokens", "0"]),
+    "negative_max_tokens": (["generate", "{target}", "--max-tokens", "-5"], ["max_tokens", "-5"]),
+}
+IN_PROCESS_BAD_INPUTS = {  # through main() in this process (same code path, no interpreter start-up)
+    "garbage_model": (["generate", "not a model at all"], ["model not found", "hub id"]),
+    "dir_without_config": (["generate", "{root}/empty-dir"], ["no config.json"]),
+    "text_file_model": (["generate", "{root}/notes.txt"], ["not a .gguf"]),
+    "nan_temperature": (["generate", "{target}", "--temperature", "nan"], ["temperature"]),
+    "bad_top_p": (["generate", "{target}", "--top-p", "0"], ["top_p"]),
+    "bad_draft_p_min": (["generate", "{target}", "--draft-p-min", "1.5"], ["draft_p_min"]),
+    "small_context": (["generate", "{target}", "--max-context", "4"], ["max_context"]),
+    "missing_prompt_file": (["generate", "{target}", "--prompt-file", "{root}/nope.txt"], ["cannot read prompt file"]),
+    "no_drafter": (["generate", "{target}", "--max-tokens", "2"], ["no drafter", "--draft"]),
+    "bad_vocab_draft": (["generate", "{target}", "--draft", "{root}/draft-other-vocab"], ["different vocabularies"]),
+    "prompt_too_long": (
+        ["generate", "{target}", "--draft", "{draft}", "--max-context", "16", "--max-tokens", "8", "--no-chat",
+         "--prompt", " ".join(["w5"] * 12)],
+        ["exceeds", "context"],
+    ),
+}
+
+
+def _fill(args, tiny_pair):
+    target, draft, root = tiny_pair
+    return [a.format(target=target, draft=draft, root=str(root)) for a in args]
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tiny_pair, tmp_path_factory):
+    """Start every subprocess case at once (each is a fresh interpreter); collect (exit code, stdout, stderr)."""
+    tmp = tmp_path_factory.mktemp("cli-runs")
+    procs = {name: _spawn(_fill(args, tiny_pair), tmp) for name, (args, _) in SUBPROCESS_BAD_INPUTS.items()}
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        results[name] = (proc.returncode, out, err)
+    return results
+
+
+def check_one_line_error(code, out, err, words):
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in err and "Traceback" not in out, err
+    # transformers may draw "Loading weights" progress bars first; the error itself is one last line
+    lines = [line for line in err.splitlines() if line.strip() and "Loading weights" not in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("specdec generate: error: "), lines[0]
+    assert err.rstrip().splitlines()[-1] == lines[0]
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+@pytest.mark.parametrize("name", list(SUBPROCESS_BAD_INPUTS))
+def test_bad_input_subprocess_gives_one_clear_line(bad_runs, name):
+    check_one_line_error(*bad_runs[name], SUBPROCESS_BAD_INPUTS[name][1])
+
+
+@pytest.mark.parametrize("name", list(IN_PROCESS_BAD_INPUTS))
+def test_bad_input_gives_one_clear_line(tiny_pair, name, capsys):
+    target, draft, root = tiny_pair
+    args, words = IN_PROCESS_BAD_INPUTS[name]
+    code = main(_fill(args, tiny_pair))
+    captured = capsys.readouterr()
+    check_one_line_error(code, captured.out, captured.err, words)
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [(["generate", "x", "--temperature", "abc"], "invalid float value"), (["generate", "x", "-k", "two"], "invalid int"),
+     (["generate", "x", "--weight-format", "int4"], "invalid choice"), (["frobnicate"], "invalid choice")],
+)
+def test_argparse_errors_exit_2_with_a_clear_last_line(args, fragment, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert fragment in err.strip().splitlines()[-1]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("specdec ")
+
+
+def test_generate_json_end_to_end(tiny_pair, tmp_path):
+    target, draft, _ = tiny_pair
+    proc = _spawn(
+        ["generate", target, "--draft", draft, "--max-tokens", "8", "--no-chat", "--json", "-k", "3",
+         "--prompt", "w5 w6 w7 w8", "--ignore-eos"],
+        tmp_path,
+    )
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    report = json.loads(out)
+    stats = report["stats"]
+    assert stats["num_generated_tokens"] == 8 and report["finish_reason"] == "length"
+    assert report["prompt_tokens"] == 4
+    assert 0.0 <= stats["acceptance_rate"] <= 1.0
+    assert stats["num_draft_tokens"] > 0
+    assert stats["acceptance_rate"] == pytest.approx(stats["num_accepted_tokens"] / stats["num_draft_tokens"], abs=1e-3)
+    assert stats["mean_acceptance_length"] >= 1.0
+    assert isinstance(report["speedup"], float) and report["speedup"] > 0
+    assert report["identical_to_plain"] is True
+    assert report["plain"]["num_generated_tokens"] == 8
+    assert report["spec"] == {"drafter": "draft_model", "k": 3, "k_policy": "fixed"}
+    assert "cost_ratio" in report and "leviathan_bound" in report
+    words = report["text"].split()  # special tokens are skipped when decoding; the rest are w<id>
+    assert 0 < len(words) <= 8 and all(w.startswith("w") for w in words), report["text"]
+
+
+def test_generate_human_report_and_stream_in_process(tiny_pair, capsys):
+    target, draft, _ = tiny_pair
+    code = main(["generate", target, "--draft", draft, "--max-tokens", "6", "--no-chat", "--prompt", "w9 w10",
+                 "--stream", "--ignore-eos", "--weight-format", "fp32"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "acceptance rate" in out and "speedup" in out and "greedy identical     yes" in out
+    assert "mean accept. length" in out and "incl. bonus" in out
+    code = main(["generate", target, "--draft", draft, "--max-tokens", "4", "--no-chat", "--prompt", "w9 w10",
+                 "--no-compare", "--temperature", "0.8", "--seed", "3", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "speedup" not in report and report["stats"]["num_generated_tokens"] <= 4
