@@ -557,3 +557,36 @@ def test_mock_greedy_matches_argmax_chain(prefix_pair):
         chunks = collect(engine, prompt, SamplingParams(max_tokens=30))
         assert tokens_of(chunks) == expected, k
         assert 0 < engine.last_stats.num_accepted_tokens < engine.last_stats.num_draft_tokens
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_proposals_follow_the_draft_model_after_rollbacks(temperature, monkeypatch):
+    """Output is lossless whatever the drafter does, so check the drafter itself: after every partial
+    acceptance its cache must be rolled back so that each proposal (and each q row) is exactly what
+    the draft model gives on the engine's context."""
+    target = PrefixLM(vocab=30, seed=31)
+    draft = PrefixLM(vocab=30, seed=32, scale=0.7, base=target)
+    engine = spec_engine(target, draft, 4)
+    params = SamplingParams(temperature=temperature, max_tokens=40, seed=9, ignore_eos=True)
+    calls = []
+    original = engine.drafter.propose
+
+    def recording_propose(context, k):
+        result = original(context, k)
+        calls.append((list(context), list(result.tokens), result.probs))
+        return result
+
+    monkeypatch.setattr(engine.drafter, "propose", recording_propose)
+    engine.generate([7, 8, 9], params)
+    stats = engine.last_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # partial acceptance happened
+    assert len(calls) == stats.num_drafts
+    for context, tokens, probs in calls:
+        prefix = list(context)
+        for i, token in enumerate(tokens):
+            logits = draft.logits(prefix)
+            if temperature == 0.0:
+                assert token == int(torch.argmax(logits)), (context, tokens, i)
+            else:
+                assert torch.equal(probs[i], probabilities(logits, params)), (context, tokens, i)
+            prefix.append(token)
