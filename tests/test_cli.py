@@ -67,7 +67,7 @@ IN_PROCESS_BAD_INPUTS = {  # through main() in this process (same code path, no 
     "prompt_too_long": (
         ["generate", "{target}", "--draft", "{draft}", "--max-context", "16", "--max-tokens", "8", "--no-chat",
          "--prompt", " ".join(["w5"] * 12)],
-        ["exceeds", "context"],
+        ["prompt (12 tokens) + max_tokens (8)", "exceeds", "16"],  # the user's numbers, not a warm-up's
     ),
 }
 
@@ -176,3 +176,14 @@ def test_generate_human_report_and_stream_in_process(tiny_pair, capsys):
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert "speedup" not in report and report["stats"]["num_generated_tokens"] <= 4
+
+
+def test_request_that_exactly_fits_the_context_runs(tiny_pair, capsys):
+    """14 prompt tokens + 1 new token in a 16-token context fits (the warm-up must not refuse it)."""
+    target, draft, _ = tiny_pair
+    code = main(["generate", target, "--draft", draft, "--max-context", "16", "--max-tokens", "1", "--no-chat",
+                 "--json", "--prompt", " ".join(["w5"] * 14)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["prompt_tokens"] == 14 and report["stats"]["num_generated_tokens"] == 1

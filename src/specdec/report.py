@@ -7,17 +7,21 @@ from .config import SamplingParams, SpecConfig
 from .metrics import leviathan_speedup
 
 
-def _warm_up(decoder, prompt_ids, spec: SpecConfig) -> None:
-    """One short run of each path so first-call allocation is not timed (gpt-fast does the same)."""
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
-    decoder.generate(prompt_ids[-16:], params, spec)
-    decoder.generate(prompt_ids[-16:], params, SpecConfig(drafter="none"))
+def _warm_up(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig) -> None:
+    """One short run of each path so first-call allocation is not timed (gpt-fast does the same).
+
+    A suffix of the real prompt and at most the real max_tokens: it fits wherever the request fits.
+    """
+    warm = SamplingParams(max_tokens=min(4, params.max_tokens), ignore_eos=True)
+    decoder.generate(prompt_ids[-16:], warm, spec)
+    decoder.generate(prompt_ids[-16:], warm, SpecConfig(drafter="none"))
 
 
 def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig, compare: bool = True,
                       stream: bool = False) -> dict:
     """Run speculative (and, when compare, plain) decoding; return text and every figure we print."""
-    _warm_up(decoder, prompt_ids, spec)
+    decoder.engine(spec).check_request(prompt_ids, params)  # refuse with the user's numbers, not the warm-up's
+    _warm_up(decoder, prompt_ids, params, spec)
     draft = decoder.draft
     draft_calls0 = draft.forward_calls if draft is not None else 0
     draft_secs0 = draft.forward_seconds if draft is not None else 0.0
