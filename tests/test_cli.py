@@ -10,8 +10,8 @@ import sys
 
 import pytest
 import torch
-from conftest import save_tiny_model, tiny_llama, tiny_tokenizer
 
+from conftest import save_tiny_model, tiny_llama, tiny_tokenizer
 from specdec.cli import main
 
 
@@ -108,7 +108,7 @@ def test_bad_input_subprocess_gives_one_clear_line(bad_runs, name):
 
 @pytest.mark.parametrize("name", list(IN_PROCESS_BAD_INPUTS))
 def test_bad_input_gives_one_clear_line(tiny_pair, name, capsys):
-    target, draft, root = tiny_pair
+    _target, _draft, _root = tiny_pair
     args, words = IN_PROCESS_BAD_INPUTS[name]
     code = main(_fill(args, tiny_pair))
     captured = capsys.readouterr()

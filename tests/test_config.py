@@ -8,7 +8,15 @@ import math
 
 import pytest
 
-from specdec.config import WEIGHT_FORMATS, ConfigError, ModelRef, SamplingParams, SpecConfig, from_json, to_json
+from specdec.config import (
+    WEIGHT_FORMATS,
+    ConfigError,
+    ModelRef,
+    SamplingParams,
+    SpecConfig,
+    from_json,
+    to_json,
+)
 
 
 def test_defaults_are_greedy_and_valid():

@@ -14,14 +14,14 @@ import copy
 import dataclasses
 import itertools
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_llama, tiny_qwen2
 from scipy.stats import chisquare
 
+from conftest import tiny_llama
 from specdec import engine as engine_module
 from specdec.backends.transformers_backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
@@ -431,7 +431,7 @@ class PrefixLM:
     therefore the distribution, so the distribution test also checks the rollback.
     """
 
-    def __init__(self, vocab: int, seed: int, scale: float = 1.5, base: "PrefixLM | None" = None,
+    def __init__(self, vocab: int, seed: int, scale: float = 1.5, base: PrefixLM | None = None,
                  max_context: int = 64):
         self.vocab_size = vocab
         self.seed = seed
@@ -543,7 +543,7 @@ def test_engine_level_negative_control(prefix_pair, monkeypatch):
 
 def test_mock_greedy_matches_argmax_chain(prefix_pair):
     """On the mock, greedy speculative output is the argmax chain of the target (rollback is exact)."""
-    target, draft, _ = prefix_pair
+    _target, _draft, _ = prefix_pair
     wide_target = PrefixLM(vocab=50, seed=21)
     wide_draft = PrefixLM(vocab=50, seed=22, scale=0.8, base=wide_target)
     prompt = [3, 1, 4]

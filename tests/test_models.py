@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 import torch
-from conftest import save_tiny_model, tiny_llama, tiny_qwen2, tiny_tokenizer
 
+from conftest import save_tiny_model, tiny_llama, tiny_qwen2, tiny_tokenizer
 from specdec import models
 from specdec.backends.transformers_backend import TransformersBackend
 from specdec.models import (
@@ -104,7 +104,7 @@ def fake_default(tmp_path, monkeypatch):
 
 
 def test_assemble_concatenates_parts_in_order_and_verifies(fake_default):
-    spec, expected, site, cache = fake_default
+    _spec, expected, _site, cache = fake_default
     path = models.assemble_packaged("fake")
     assert path == cache / "Fake-Model-Q4.gguf"
     assert path.read_bytes() == expected
@@ -114,7 +114,7 @@ def test_assemble_concatenates_parts_in_order_and_verifies(fake_default):
 
 
 def test_assembled_file_is_reused(fake_default):
-    spec, expected, site, cache = fake_default
+    _spec, _expected, site, _cache = fake_default
     first = models.assemble_packaged("fake")
     mtime = first.stat().st_mtime_ns
     for part in site.rglob("part*.bin"):
@@ -124,7 +124,7 @@ def test_assembled_file_is_reused(fake_default):
 
 
 def test_converted_copy_is_preferred(fake_default):
-    spec, expected, site, cache = fake_default
+    _spec, _expected, _site, _cache = fake_default
     path = models.assemble_packaged("fake")
     converted = path.with_suffix(".hf")
     converted.mkdir()
@@ -133,7 +133,7 @@ def test_converted_copy_is_preferred(fake_default):
 
 
 def test_checksum_mismatch_is_refused_and_leaves_nothing(fake_default):
-    spec, expected, site, cache = fake_default
+    _spec, _expected, site, cache = fake_default
     (site / "specdec_fake_part_b" / "data" / "part03.bin").write_bytes(b"CD" * 777)  # same size, corrupt
     with pytest.raises(ModelLoadError, match="checksum mismatch") as info:
         models.assemble_packaged("fake")
@@ -143,7 +143,7 @@ def test_checksum_mismatch_is_refused_and_leaves_nothing(fake_default):
 
 
 def test_wrong_part_order_is_caught_by_the_checksum(fake_default, monkeypatch):
-    spec, expected, site, cache = fake_default
+    spec, _expected, _site, _cache = fake_default
     swapped = PackagedGGUF(spec.label, tuple(reversed(spec.packages)), spec.sha256, spec.size)
     monkeypatch.setattr(models, "DEFAULT_MODELS", {"fake": swapped})
     with pytest.raises(ModelLoadError, match="checksum"):
@@ -151,7 +151,7 @@ def test_wrong_part_order_is_caught_by_the_checksum(fake_default, monkeypatch):
 
 
 def test_missing_part_packages_name_the_pip_hint(fake_default, monkeypatch):
-    spec, expected, site, cache = fake_default
+    spec, _expected, _site, cache = fake_default
     names = ("specdec_fake_part_a", "specdec_missing_part_x", "specdec_missing_part_y",
              "specdec_missing_part_z", "specdec_missing_part_w")
     monkeypatch.setattr(models, "DEFAULT_MODELS", {"fake": PackagedGGUF(spec.label, names, spec.sha256, spec.size)})
@@ -202,7 +202,7 @@ def test_load_backend_from_a_directory(saved_pair):
 
 def test_load_pair_checks_vocabularies(saved_pair):
     target_dir, draft_dir, other_dir = saved_pair
-    target, draft = load_pair(target_dir, draft_dir, weight_format="fp32", max_context=64)
+    _target, draft = load_pair(target_dir, draft_dir, weight_format="fp32", max_context=64)
     assert draft is not None and draft.max_context == 64
     assert load_pair(target_dir, None, weight_format="fp32", max_context=64)[1] is None
     with pytest.raises(VocabMismatchError, match="different vocabularies"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_llama, tiny_qwen2
 from torch import nn
 
+from conftest import tiny_llama, tiny_qwen2
 from specdec.backends.transformers_backend import TransformersBackend
 from specdec.backends.weights import PackedFp32Linear, RowExactInt8Linear, apply_weight_format
 from specdec.config import SamplingParams, SpecConfig

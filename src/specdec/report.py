@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+
 from .config import SamplingParams, SpecConfig
 from .metrics import leviathan_speedup
 
