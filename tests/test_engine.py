@@ -526,6 +526,20 @@ def test_speculative_sampling_matches_target_distribution(prefix_pair):
     assert 0.2 < stats.acceptance_rate < 0.95  # the draft really differs from the target
 
 
+def test_draft_with_a_smaller_vocabulary_is_lossless(prefix_pair):
+    """A draft scoring fewer ids than the target (allowed by check_vocab_compatible) never proposes the
+    missing ids; its q must be treated as 0 there, and the output still follows the target."""
+    target, _, exact = prefix_pair
+    small_draft = PrefixLM(vocab=3, seed=13)
+    engine = spec_engine(target, small_draft, 3)
+    counts = sample_sequences(engine, [1, 2], SAMPLED, 2000, 3, 4)
+    p_value, tv = chi_square_p(counts, exact)
+    assert p_value > 1e-3, (p_value, tv)
+    assert engine.total_stats.num_accepted_tokens > 0
+    greedy = spec_engine(target, small_draft, 3).generate([1, 2], SamplingParams(max_tokens=6, ignore_eos=True))
+    assert greedy.tokens == plain_engine(target).generate([1, 2], SamplingParams(max_tokens=6, ignore_eos=True)).tokens
+
+
 def test_engine_level_negative_control(prefix_pair, monkeypatch):
     """The same test rejects an engine whose verifier always accepts the draft."""
     target, draft, exact = prefix_pair

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+import torch
 
 from .config import SamplingParams, SpecConfig
 from .drafters.base import Draft, Drafter
@@ -137,8 +138,15 @@ class SpeculativeEngine:
                 if params.greedy:
                     verdict = verify_greedy(proposed, greedy_tokens(logits).tolist())
                 else:
+                    target_probs = probabilities(logits, params)
                     draft_probs = draft.probs[: len(proposed)] if draft.probs is not None else None
-                    verdict = verify_sampled(proposed, draft_probs, probabilities(logits, params), generator)
+                    if draft_probs is not None and draft_probs.shape[-1] < target_probs.shape[-1]:
+                        # A draft may score fewer ids than the target (a smaller padded head, which
+                        # check_vocab_compatible allows); it never proposes the ids it lacks: q = 0 there.
+                        draft_probs = torch.nn.functional.pad(
+                            draft_probs, (0, target_probs.shape[-1] - draft_probs.shape[-1])
+                        )
+                    verdict = verify_sampled(proposed, draft_probs, target_probs, generator)
                 target_seconds = time.perf_counter() - target_began
                 stats.target_seconds += target_seconds
                 cache.trim(len(proposed) - verdict.num_accepted)
