@@ -214,6 +214,9 @@ def test_eos_inside_a_draft_stops_right_after_it(llama, draft_kind):
         assert len(flags) == len(tokens)
         if draft_kind == "self":
             assert flags == [i % (k + 1) != k for i in range(j + 1)]
+        # Like vLLM, statistics describe the verifier: draft tokens it accepted after the EOS still count.
+        assert sum(flags) <= engine.last_stats.num_accepted_tokens
+        assert engine.last_stats.num_generated_tokens == j + 1
         # the EOS token is not shown as text
         text = "".join(c.text for c in chunks)
         assert text == " ".join(str(t) for t in reference[:j])
@@ -604,3 +607,16 @@ def test_draft_proposals_follow_the_draft_model_after_rollbacks(temperature, mon
             else:
                 assert torch.equal(probs[i], probabilities(logits, params)), (context, tokens, i)
             prefix.append(token)
+
+
+def test_draft_with_a_shorter_context_falls_back_to_plain_steps(qwen):
+    """When the draft's cache is full the drafter proposes nothing and the engine decodes plainly."""
+    prompt = PROMPTS[0]
+    target, _ = qwen.backends()
+    short_draft = TransformersBackend(qwen.draft, name="short", max_context=12)
+    engine = spec_engine(target, short_draft, 3)
+    chunks = collect(engine, prompt, GREEDY)
+    assert tokens_of(chunks) == qwen.reference(prompt)
+    stats = engine.last_stats
+    assert stats.num_drafts > 0 and stats.num_target_forwards > stats.num_drafts  # some plain steps at the end
+    assert engine.drafter.cache.length == 0
