@@ -4,8 +4,10 @@ Greedy: the output must equal transformers' own `generate(do_sample=False)` of t
 plain loop, which shares code with the engine), for tiny Qwen2 and Llama targets, several prompts
 and k in {1, 3, 5}, with drafts that are partly accepted so the rollback path runs. Sampled: the
 empirical distribution of the first tokens must equal the exact target distribution (chi-square),
-using a fast prefix-dependent mock LM. Plus EOS / max_tokens / stop strings falling inside a draft,
-request validation, seeds, the cache invariant after every chunk, and abandoning a stream.
+using a fast prefix-dependent mock LM (with an always-accept negative control). Plus EOS / max_tokens /
+stop strings falling inside a draft, request validation, seeds, the cache invariant after every
+chunk, abandoning a stream, statistics vs from_draft flags, and the drafter's own rollback (its
+proposals and q rows must match the draft model on the engine's context after partial acceptance).
 """
 
 from __future__ import annotations
