@@ -366,10 +366,15 @@ def environment(decoder, weight_format: str | None = None) -> dict:
         if backend is None:
             return None
         model = getattr(backend, "model", None)
-        params = sum(p.numel() for p in model.parameters()) if model is not None else None
-        return {"name": getattr(backend, "name", "?"), "parameters": params,
-                "max_context": getattr(backend, "max_context", None),
-                "class": type(model).__name__ if model is not None else type(backend).__name__}
+        out = {"name": getattr(backend, "name", "?"), "max_context": getattr(backend, "max_context", None),
+               "class": type(model).__name__ if model is not None else type(backend).__name__}
+        config = getattr(model, "config", None)
+        if config is not None:
+            # From the config: packed/quantized linears hold their weights outside nn.Parameters.
+            text = config.get_text_config() if hasattr(config, "get_text_config") else config
+            for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size"):
+                out[key] = getattr(text, key, None)
+        return out
 
     return {
         "specdec": __version__,
