@@ -37,6 +37,10 @@ class DraftModelDrafter:
             self.cache = self.backend.new_cache(self.backend.max_context)
         self.cache.trim(self.cache.length)
         self._fed_draft = 0
+        # Prefill here, not in the first propose(): Draft.seconds must measure drafting alone,
+        # or the adaptive cost model would charge the prompt to the first few draft tokens.
+        if 1 < len(prompt) <= self.cache.capacity:
+            self.backend.forward(list(prompt[:-1]), self.cache, num_logits=1)
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         began = time.perf_counter()
