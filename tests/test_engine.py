@@ -24,6 +24,7 @@ import torch
 from scipy.stats import chisquare
 
 from conftest import tiny_llama
+from markov_backend import MarkovCache
 from specdec import engine as engine_module
 from specdec.backends.transformers_backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
@@ -414,19 +415,8 @@ def test_total_stats_accumulate_across_requests(qwen):
 # Sampled distribution at engine level (fast mock LM whose logits depend on the whole prefix)
 
 
-class PrefixCache:
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.tokens: list[int] = []
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-    def trim(self, n: int) -> int:
-        n = max(0, min(n, len(self.tokens)))
-        del self.tokens[len(self.tokens) - n :]
-        return n
+# A token-list cache: the prefix LM below needs exactly what the Markov test backend's cache does.
+PrefixCache = MarkovCache
 
 
 class PrefixLM:
