@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -28,7 +30,10 @@ class RowExactInt8Linear(nn.Module):
         padded = torch.cat([weight, weight.new_zeros(out_features, _RANGE_PAD)], dim=1)
         scales = (padded.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
         zero_points = torch.zeros(out_features, dtype=torch.long)
-        qweight = torch.quantize_per_channel(padded, scales, zero_points, 0, torch.qint8)
+        with warnings.catch_warnings():
+            # torch 2.13 flags quantized tensor creation as deprecated; fbgemm's dynamic linear still needs it.
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch.quantize_per_channel(padded, scales, zero_points, 0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(qweight, None)
         pad = torch.zeros(1, _RANGE_PAD)
         pad[0, 0], pad[0, 1] = -1.0, 1.0
