@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 def load(target: str = "default", draft: str | None = "default", weight_format: str = "fp32",
          max_context: int = 4096, spec: SpecConfig | None = None,
-         draft_weight_format: str | None = None) -> SpecDecoder:
+         draft_weight_format: str | None = "int8") -> SpecDecoder:
     """Load a model pair ('default' = the packaged Qwen2.5-Coder 1.5B target and 0.5B draft)."""
     target = "default-target" if target == "default" else target
     draft = "default-draft" if draft == "default" else draft

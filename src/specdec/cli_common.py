@@ -25,9 +25,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "verify pass and one-token decoding, so greedy output can differ from plain decoding at near-ties",
     )
     parser.add_argument(
-        "--draft-weight-format", dest="draft_weight_format", choices=WEIGHT_FORMATS, default=None,
-        help="weights for the draft model only (default: same as --weight-format). The draft's precision "
-        "never changes the output, only how often it is accepted and how fast it drafts",
+        "--draft-weight-format", dest="draft_weight_format", choices=WEIGHT_FORMATS + ("same",), default="int8",
+        help="weights for the draft model only (default int8; 'same' = as --weight-format). The draft's "
+        "precision never changes the output, only how often drafts are accepted and how fast they are made",
     )
     parser.add_argument("--max-context", "--max-model-len", dest="max_context", type=int, default=4096,
                         help="KV cache capacity in tokens (prompt + generated); default 4096")
@@ -65,7 +65,7 @@ def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
         draft = "default-draft"
     return ModelRef(
         target=target, draft=draft, weight_format=args.weight_format, max_context=args.max_context,
-        draft_weight_format=getattr(args, "draft_weight_format", None),
+        draft_weight_format=None if getattr(args, "draft_weight_format", "int8") == "same" else args.draft_weight_format,
     )
 
 

@@ -104,7 +104,7 @@ class ModelRef:
     max_context: int = 4096
     trust_remote_code: bool = False
     # The draft's precision cannot change the output (any q is verified exactly), only its speed.
-    draft_weight_format: str | None = None  # None: same as weight_format
+    draft_weight_format: str | None = "int8"  # None: same as weight_format
 
     def __post_init__(self) -> None:
         _check(bool(self.target), "a target model is required")

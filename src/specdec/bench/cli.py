@@ -106,7 +106,7 @@ def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
     if decoder is None:
         from ..pipeline import SpecDecoder
 
-        print(f"loading {ref.target} (draft: {ref.draft or 'none'}, {ref.weight_format})", file=sys.stderr, flush=True)
+        print(f"loading {ref.target} (draft: {ref.draft or 'none'}, {ref.weight_format}, draft {ref.draft_weight_format or ref.weight_format})", file=sys.stderr, flush=True)
         decoder = SpecDecoder.load(ref)
     methods, skipped = resolve_methods(
         args.methods, method_options(args), has_draft_model=decoder.draft is not None,
@@ -118,6 +118,7 @@ def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
         methods=methods, params=sampling_from_args(args), repeats=args.repeats, warmup=args.warmup, chat=args.chat,
         extra={
             "target": ref.target, "draft": ref.draft, "weight_format": ref.weight_format,
+            "draft_weight_format": ref.draft_weight_format or ref.weight_format,
             "max_context": ref.max_context, "limit": args.limit, "k_sweep": list(parse_k_list(args.k_sweep)),
             "k": args.k, "k_max": args.k_max, "draft_p_min": args.draft_p_min, "argv": sys.argv[1:],
         },

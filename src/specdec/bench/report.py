@@ -272,7 +272,8 @@ def to_markdown(results: dict) -> str:
     lines = [
         "# specdec bench",
         "",
-        (f"- target `{target}`, draft `{draft}`, weights {env.get('weight_format') or '?'}; "
+        (f"- target `{target}`, draft `{draft}`, weights {env.get('weight_format') or '?'}"
+         f"{' (draft ' + config['draft_weight_format'] + ')' if config.get('draft_weight_format') else ''}; "
         f"torch {env['torch']}, transformers {env['transformers']}, {env['cpu_count']} CPUs "
         f"({env['torch_threads']} torch threads){', CUDA' if env.get('cuda') else ''}"),
         (f"- tasks {', '.join(summary['tasks'])}; {config['num_prompts']} prompts, {config['repeats']} repeat(s), "
