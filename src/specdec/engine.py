@@ -149,7 +149,6 @@ class SpeculativeEngine:
                     verdict = verify_sampled(proposed, draft_probs, target_probs, generator)
                 target_seconds = time.perf_counter() - target_began
                 stats.target_seconds += target_seconds
-                cache.trim(len(proposed) - verdict.num_accepted)
                 if drafter is not None and proposed:
                     drafter.accepted(verdict.num_accepted, len(proposed))
                 policy.update(len(proposed), verdict.num_accepted, draft.seconds, target_seconds)
@@ -167,11 +166,9 @@ class SpeculativeEngine:
                     finish = finish or "length"
                 context += new_tokens
                 generated += len(new_tokens)
-                # EOS inside an accepted draft: drop the accepted tokens after it from the cache too, so the
-                # invariant (cache = context minus its last token) holds after every chunk, the last included.
-                excess = cache.length - (len(context) - 1)
-                if excess > 0:
-                    cache.trim(excess)
+                # One rollback restores the invariant (cache = context minus its last token): it drops the
+                # rejected draft tokens and, when EOS or max_tokens cut the accepted ones, those too.
+                cache.trim(cache.length - (len(context) - 1))
                 stats.num_generated_tokens = generated
                 visible = [t for t in new_tokens if t not in eos]
                 delta = text.push(visible)

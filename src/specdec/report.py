@@ -21,12 +21,9 @@ def _warm_up(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig) -> N
 def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig, compare: bool = True,
                       stream: bool = False) -> dict:
     """Run speculative (and, when compare, plain) decoding; return text and every figure we print."""
-    decoder.engine(spec).check_request(prompt_ids, params)  # refuse with the user's numbers, not the warm-up's
-    _warm_up(decoder, prompt_ids, params, spec)
-    draft = decoder.draft
-    draft_calls0 = draft.forward_calls if draft is not None else 0
-    draft_secs0 = draft.forward_seconds if draft is not None else 0.0
     engine = decoder.engine(spec)
+    engine.check_request(prompt_ids, params)  # refuse with the user's numbers, not the warm-up's
+    _warm_up(decoder, prompt_ids, params, spec)
     tokens: list[int] = []
     text_parts: list[str] = []
     finish = "length"
@@ -47,12 +44,12 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
         "spec": {"drafter": spec.drafter, "k": spec.num_speculative_tokens, "k_policy": spec.k_policy},
         "stats": stats.to_dict(),
     }
-    draft_calls = (draft.forward_calls - draft_calls0) if draft is not None else 0
-    draft_per_forward = (draft.forward_seconds - draft_secs0) / draft_calls if draft_calls else 0.0
+    # Drafting time per drafted token (the drafter's prompt prefill is not in it), as in Leviathan's c.
+    draft_per_token = stats.draft_seconds / stats.num_draft_tokens if stats.num_draft_tokens else 0.0
     if compare:
         plain = decoder.plain_engine().generate(prompt_ids, params)
         target_per_forward = plain.stats.target_seconds / max(plain.stats.num_target_forwards, 1)
-        cost_ratio = draft_per_forward / target_per_forward if target_per_forward else 0.0
+        cost_ratio = draft_per_token / target_per_forward if target_per_forward else 0.0
         # Same number of tokens on both sides, so tokens/s compares like with like.
         report["plain"] = plain.stats.to_dict()
         report["speedup"] = round(stats.tokens_per_second / plain.stats.tokens_per_second, 3) \
@@ -82,7 +79,7 @@ def format_generation_report(report: dict) -> str:
         lines += [
             f"plain decoding       {report['plain']['tokens_per_second']:.2f} tokens/s (same weights, same run)",
             f"speedup              {report['speedup']:.2f}x",
-            f"cost ratio c         {report['cost_ratio']:.3f}  (draft forward / target forward)",
+            f"cost ratio c         {report['cost_ratio']:.3f}  (drafting time per draft token / target forward)",
             f"Leviathan bound      {report['leviathan_bound']:.2f}x  (from measured acceptance and c)",
         ]
         if "identical_to_plain" in report:

@@ -104,6 +104,13 @@ def _spec_method(name: str, description: str, options: MethodOptions, **spec_kwa
     )
 
 
+def _k_of(name: str, match: re.Match) -> int:
+    k = int(match.group(1))
+    if not 1 <= k <= 64:
+        raise ConfigError(f"method {name!r}: k must be in [1, 64]")
+    return k
+
+
 def expand_method(name: str, options: MethodOptions) -> list[Method]:
     """One --methods entry to the Method objects it stands for; ConfigError for unknown names."""
     if name == "plain":
@@ -111,9 +118,7 @@ def expand_method(name: str, options: MethodOptions) -> list[Method]:
     if name == "spec":
         return [m for k in options.k_sweep for m in expand_method(f"spec_k{k}", options)]
     if match := _SPEC_K.match(name):
-        k = int(match.group(1))
-        if not 1 <= k <= 64:
-            raise ConfigError(f"method {name!r}: k must be in [1, 64]")
+        k = _k_of(name, match)
         return [_spec_method(name, f"draft model, fixed k={k}", options, drafter="draft_model",
                              num_speculative_tokens=k)]
     if name == "adaptive":
@@ -136,9 +141,7 @@ def expand_method(name: str, options: MethodOptions) -> list[Method]:
     if name == "hf_assisted_k":
         return [m for k in options.k_sweep for m in expand_method(f"hf_assisted_k{k}", options)]
     if match := _HF_K.match(name):
-        k = int(match.group(1))
-        if not 1 <= k <= 64:
-            raise ConfigError(f"method {name!r}: k must be in [1, 64]")
+        k = _k_of(name, match)
         return [Method(name, "hf", f"transformers assisted generation, constant k={k}", hf_mode="assisted",
                        hf_num_assistant_tokens=k, k=k, fixed_k=True, needs_draft_model=True, uses_draft_model=True)]
     if name == "hf_prompt_lookup":
