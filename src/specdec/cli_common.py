@@ -63,9 +63,10 @@ def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
         draft = "default-draft"
     elif draft == "default":
         draft = "default-draft"
+    draft_format = getattr(args, "draft_weight_format", "int8")
     return ModelRef(
         target=target, draft=draft, weight_format=args.weight_format, max_context=args.max_context,
-        draft_weight_format=None if getattr(args, "draft_weight_format", "int8") == "same" else args.draft_weight_format,
+        draft_weight_format=None if draft_format == "same" else draft_format,
     )
 
 

@@ -78,9 +78,8 @@ class TransformersBackend:
         config = model.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.num_layers = int(text_config.num_hidden_layers)
-        self.vocab_size = int(model.get_output_embeddings().out_features) if hasattr(
-            model.get_output_embeddings(), "out_features"
-        ) else int(text_config.vocab_size)
+        head = model.get_output_embeddings()
+        self.vocab_size = int(getattr(head, "out_features", None) or text_config.vocab_size)
         model_limit = int(getattr(text_config, "max_position_embeddings", 0) or 0) or 1 << 20
         self.max_context = min(max_context or model_limit, model_limit)
         self.eos_token_ids = _eos_ids(model, tokenizer)
