@@ -129,7 +129,9 @@ def test_converted_copy_is_preferred(fake_default):
     converted = path.with_suffix(".hf")
     converted.mkdir()
     (converted / "config.json").write_text("{}")
-    assert resolve("fake") == ResolvedModel(str(converted), label="Fake-Model-Q4")
+    # resolve() still names the GGUF (llama.cpp runs it as is); the torch loader takes the converted copy
+    assert resolve("fake") == ResolvedModel(str(converted.parent), "Fake-Model-Q4.gguf", label="Fake-Model-Q4")
+    assert models.torch_source("fake", resolve("fake")) == ResolvedModel(str(converted), label="Fake-Model-Q4")
 
 
 def test_checksum_mismatch_is_refused_and_leaves_nothing(fake_default):

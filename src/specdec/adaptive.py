@@ -13,8 +13,9 @@ The cost model is Leviathan et al.'s, with every term measured online instead of
   weighted mean per size, with a least-squares line (slope >= 0) through the sizes seen for sizes
   not yet seen; flat ("verifying costs one forward") while one size is known, and never cheaper
   than the smallest measured size for sizes below it, so unmeasured sizes are not chosen on a guess.
-- k = 0 is a plain decoding step (rate 1 / verify_cost(1)); it wins when drafts are mostly rejected
-  or the drafter is too slow to pay for itself.
+- k = 0 is a plain decoding step (rate 1 / verify_cost(1)); it wins when drafts are mostly rejected,
+  the drafter is too slow to pay for itself, or verifying extra rows costs nearly as much as decoding
+  them (compute-bound CPUs). The second step is a plain one, so that cost is measured early.
 
 Every estimate is a decayed sum, so old evidence fades and the policy follows shifts in acceptance
 (e.g. the prompt stops being copied). A position's evidence fades only on steps that drafted it (new
@@ -189,6 +190,10 @@ class AdaptiveK:
         self._decisions += 1
         if not self._verify or self._draft_cost.count == 0:
             k = self.prior_k  # nothing measured yet
+        elif 1 not in self._verify:
+            # One plain step, once: its cost is what every draft must beat, and sizes below the smallest
+            # measured one are never extrapolated to be cheaper, so k = 0 could not be found otherwise.
+            k = 0
         else:
             k = self.best_k()
             if self.explore_every and self._decisions % self.explore_every == 0 and self.max_k > 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import WEIGHT_FORMATS, ModelRef, SamplingParams, SpecConfig
+from .config import BACKENDS, WEIGHT_FORMATS, ConfigError, ModelRef, SamplingParams, SpecConfig
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,15 +19,25 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "'default', else none (use --drafter for model-free drafting)",
     )
     parser.add_argument(
-        "--weight-format", "--dtype", dest="weight_format", choices=WEIGHT_FORMATS, default="fp32",
-        help="weights for both models (default fp32, oneDNN-packed). int8 (dynamic, per-row activations) is "
-        "faster on CPU but its activation rounding amplifies tiny numeric differences between the batched "
-        "verify pass and one-token decoding, so greedy output can differ from plain decoding at near-ties",
+        "--backend", choices=BACKENDS, default="auto",
+        help="runtime: llama.cpp (GGUF weights as stored, batch-invariant target), torch (transformers), or "
+        "auto (default): llama.cpp for .gguf files and the default pair on CPU, torch otherwise",
+    )
+    parser.add_argument(
+        "--threads", "-t", type=int, default=None,
+        help="CPU threads for llama.cpp and torch (default: the CPUs this process may run on)",
+    )
+    parser.add_argument(
+        "--weight-format", "--dtype", dest="weight_format", choices=WEIGHT_FORMATS, default=None,
+        help="torch backend: weights for both models (default fp32, oneDNN-packed); giving it selects torch "
+        "under --backend auto. int8 (dynamic, per-row activations) is faster on CPU but its activation "
+        "rounding amplifies tiny numeric differences between the batched verify pass and one-token decoding, "
+        "so greedy output can differ from plain decoding at near-ties",
     )
     parser.add_argument(
         "--draft-weight-format", dest="draft_weight_format", choices=WEIGHT_FORMATS + ("same",), default="int8",
-        help="weights for the draft model only (default int8; 'same' = as --weight-format). The draft's "
-        "precision never changes the output, only how often drafts are accepted and how fast they are made",
+        help="torch backend: weights for the draft model only (default int8; 'same' = as --weight-format). The "
+        "draft's precision never changes the output, only how often drafts are accepted and how fast they are made",
     )
     parser.add_argument("--max-context", "--max-model-len", dest="max_context", type=int, default=4096,
                         help="KV cache capacity in tokens (prompt + generated); default 4096")
@@ -64,9 +74,15 @@ def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
     elif draft == "default":
         draft = "default-draft"
     draft_format = getattr(args, "draft_weight_format", "int8")
+    backend = getattr(args, "backend", "auto")
+    if args.weight_format is not None and backend == "llama.cpp":
+        raise ConfigError("--weight-format applies to the torch backend; llama.cpp runs GGUF weights as stored")
+    if args.weight_format is not None and backend == "auto":
+        backend = "torch"  # a weight format is a torch conversion: asking for one asks for torch
     return ModelRef(
-        target=target, draft=draft, weight_format=args.weight_format, max_context=args.max_context,
-        draft_weight_format=None if draft_format == "same" else draft_format,
+        target=target, draft=draft, weight_format=args.weight_format or "fp32", max_context=args.max_context,
+        draft_weight_format=None if draft_format == "same" else draft_format, backend=backend,
+        threads=getattr(args, "threads", None),
     )
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8")
+# Runtimes: "auto" picks llama.cpp for GGUF files (and the default pair) on CPU, torch otherwise.
+BACKENDS = ("auto", "torch", "llama.cpp")
 
 
 class ConfigError(ValueError):
@@ -105,9 +107,16 @@ class ModelRef:
     trust_remote_code: bool = False
     # The draft's precision cannot change the output (any q is verified exactly), only its speed.
     draft_weight_format: str | None = "int8"  # None: same as weight_format
+    backend: str = "auto"  # one of BACKENDS; weight formats apply to torch only (GGUF weights run as stored)
+    threads: int | None = None  # CPU threads for llama.cpp and torch; None: the CPUs this process may use
 
     def __post_init__(self) -> None:
         _check(bool(self.target), "a target model is required")
+        _check(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
+        _check(
+            self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
+            f"threads must be an integer >= 1, got {self.threads!r}",
+        )
         _check(
             self.weight_format in WEIGHT_FORMATS,
             f"weight format must be one of {', '.join(WEIGHT_FORMATS)}; got {self.weight_format!r}",
@@ -143,4 +152,6 @@ def from_json(text: str) -> Any:
     return cls(**data)
 
 
-__all__ = ["ConfigError", "SamplingParams", "SpecConfig", "ModelRef", "WEIGHT_FORMATS", "to_json", "from_json"]
+__all__ = [
+    "BACKENDS", "ConfigError", "SamplingParams", "SpecConfig", "ModelRef", "WEIGHT_FORMATS", "to_json", "from_json",
+]

@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,9 +69,6 @@ def resolve(reference: str) -> ResolvedModel:
     """Map what the user typed to a loadable source, or explain why it cannot be."""
     if reference in DEFAULT_MODELS:
         path = assemble_packaged(reference)
-        converted = path.with_suffix(".hf")
-        if (converted / "config.json").exists():
-            return ResolvedModel(str(converted), label=DEFAULT_MODELS[reference].label)
         return ResolvedModel(str(path.parent), path.name, label=DEFAULT_MODELS[reference].label)
     path = Path(reference).expanduser()
     if reference.lower().endswith(".gguf"):
@@ -136,14 +134,104 @@ def assemble_packaged(name: str) -> Path:
     return target
 
 
+def choose_backend(requested: str, resolved: ResolvedModel) -> str:
+    """The runtime for one model: llama.cpp for GGUF files on CPU under 'auto', torch otherwise."""
+    if requested == "torch":
+        return "torch"
+    if requested == "llama.cpp":
+        if not resolved.gguf_file:
+            raise ModelLoadError(
+                f"the llama.cpp backend runs .gguf files; {resolved.label or resolved.source} is a transformers "
+                f"model (use --backend torch, or convert it with llama.cpp's convert_hf_to_gguf.py)"
+            )
+        _require_llama_cpp()
+        return "llama.cpp"
+    if not resolved.gguf_file:
+        return "torch"
+    import torch
+
+    if torch.cuda.is_available():
+        return "torch"
+    try:
+        _require_llama_cpp()
+    except ModelLoadError as exc:
+        _note_once(f"specdec: running {resolved.label} on torch, dequantized to fp32 (slower, ~5x the memory): {exc}")
+        return "torch"
+    return "llama.cpp"
+
+
+def _require_llama_cpp() -> None:
+    from .backends.llamacpp_backend import LlamaCppUnavailable, llama_cpp_module
+
+    try:
+        llama_cpp_module()
+    except LlamaCppUnavailable as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+_notes: set[str] = set()
+
+
+def _note_once(message: str) -> None:
+    if message not in _notes:
+        _notes.add(message)
+        print(message, file=sys.stderr, flush=True)
+
+
 def load_backend(
-    reference: str, weight_format: str = "fp32", max_context: int = 4096, role: str = "model"
+    reference: str,
+    weight_format: str = "fp32",
+    max_context: int = 4096,
+    role: str = "model",
+    backend: str = "auto",
+    threads: int | None = None,
+):
+    """Load one model (tokenizer + weights) on the chosen runtime and wrap it as a ModelBackend.
+
+    role "target" (and "model") also loads the tokenizer; the llama.cpp target is batch-invariant
+    (rows bit-identical alone or batched), which the lossless greedy contract needs; drafts are not.
+    """
+    resolved = resolve(reference)
+    if choose_backend(backend, resolved) == "llama.cpp":
+        return _load_llamacpp(resolved, reference, max_context, role, threads)
+    return _load_torch(reference, resolved, weight_format, max_context, role, threads)
+
+
+def _load_llamacpp(resolved: ResolvedModel, reference: str, max_context: int, role: str, threads: int | None):
+    from .backends.llamacpp_backend import LlamaCppBackend
+    from .gguf_tokenizer import TokenizerBuildError, load_gguf_tokenizer
+
+    path = Path(resolved.source) / resolved.gguf_file
+    tokenizer = None
+    try:
+        if role != "draft":
+            tokenizer = load_gguf_tokenizer(path, cache_dir())
+        return LlamaCppBackend(
+            path, name=resolved.label or reference, max_context=max_context, threads=threads,
+            batch_invariant=role != "draft", tokenizer=tokenizer,
+        )
+    except (ValueError, OSError, TokenizerBuildError) as exc:
+        raise ModelLoadError(f"could not load {role} model {reference!r} with llama.cpp: {exc}") from exc
+
+
+def torch_source(reference: str, resolved: ResolvedModel) -> ResolvedModel:
+    """For the packaged default pair, the transformers copy kept by an earlier torch load (minutes faster)."""
+    if reference in DEFAULT_MODELS and resolved.gguf_file:
+        converted = Path(resolved.source) / Path(resolved.gguf_file).with_suffix(".hf")
+        if (converted / "config.json").exists():
+            return ResolvedModel(str(converted), label=resolved.label)
+    return resolved
+
+
+def _load_torch(
+    reference: str, resolved: ResolvedModel, weight_format: str, max_context: int, role: str, threads: int | None
 ) -> TransformersBackend:
-    """Load one model (tokenizer + weights), convert it to weight_format, and wrap it as a backend."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    resolved = resolve(reference)
+    if threads:
+        torch.set_num_threads(threads)
+    resolved = torch_source(reference, resolved)
     kwargs = {}
     if resolved.gguf_file:
         kwargs["gguf_file"] = resolved.gguf_file
@@ -193,22 +281,37 @@ class VocabMismatchError(ValueError):
     """Draft and target do not share a tokenizer vocabulary, so draft tokens mean nothing to the target."""
 
 
-def check_vocab_compatible(target: TransformersBackend, draft: TransformersBackend) -> None:
-    """Refuse a draft whose token ids do not mean the same strings as the target's."""
-    t_tok, d_tok = target.tokenizer, draft.tokenizer
-    if t_tok is not None and d_tok is not None:
-        t_vocab, d_vocab = t_tok.get_vocab(), d_tok.get_vocab()
-        if t_vocab != d_vocab:
-            differing = len(set(t_vocab.items()) ^ set(d_vocab.items()))
-            raise VocabMismatchError(
-                f"draft {draft.name!r} and target {target.name!r} use different vocabularies "
-                f"({len(d_vocab)} vs {len(t_vocab)} tokens, {differing} entries differ); choose a draft model "
-                f"from the target's family"
-            )
+def token_vocabulary(backend) -> dict[int, str] | None:
+    """id -> token string as the model stores it (llama.cpp's table, else the tokenizer's), or None if unknown."""
+    strings = getattr(backend, "token_strings", None)
+    if strings is not None:
+        return {i: text.decode("utf-8", "replace") for i, text in enumerate(strings())}
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is not None:
+        return {i: text for text, i in tokenizer.get_vocab().items()}
+    return None
+
+
+def check_vocab_compatible(target, draft) -> None:
+    """Refuse a draft whose token ids do not mean the same strings as the target's.
+
+    Ids only one side knows are fine (llama.cpp pads vocabularies with unused ids that tokenizers omit):
+    a draft token the target has no string for is simply a guess the verifier rejects.
+    """
     if draft.vocab_size > target.vocab_size:
         raise VocabMismatchError(
             f"draft {draft.name!r} scores {draft.vocab_size} tokens but target {target.name!r} only "
             f"{target.vocab_size}; they cannot share token ids"
+        )
+    t_vocab, d_vocab = token_vocabulary(target), token_vocabulary(draft)
+    if t_vocab is None or d_vocab is None:
+        return
+    differing = sum(1 for i, text in d_vocab.items() if i in t_vocab and t_vocab[i] != text)
+    if differing:
+        raise VocabMismatchError(
+            f"draft {draft.name!r} and target {target.name!r} use different vocabularies "
+            f"({len(d_vocab)} vs {len(t_vocab)} tokens, {differing} ids differ); choose a draft model "
+            f"from the target's family"
         )
 
 
@@ -218,11 +321,15 @@ def load_pair(
     weight_format: str = "fp32",
     max_context: int = 4096,
     draft_weight_format: str | None = None,
-) -> tuple[TransformersBackend, TransformersBackend | None]:
-    """Load target and draft with the same weight format and check they share a vocabulary."""
-    target_backend = load_backend(target, weight_format, max_context, role="target")
+    backend: str = "auto",
+    threads: int | None = None,
+):
+    """Load target and draft ('default' = the packaged pair) and check they share a vocabulary."""
+    target = "default-target" if target == "default" else target
+    draft = "default-draft" if draft == "default" else draft
+    target_backend = load_backend(target, weight_format, max_context, "target", backend, threads)
     if draft is None:
         return target_backend, None
-    draft_backend = load_backend(draft, draft_weight_format or weight_format, max_context, role="draft")
+    draft_backend = load_backend(draft, draft_weight_format or weight_format, max_context, "draft", backend, threads)
     check_vocab_compatible(target_backend, draft_backend)
     return target_backend, draft_backend

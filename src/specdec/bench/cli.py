@@ -52,7 +52,6 @@ def register(commands) -> None:
     bench.add_argument("--out", "-o", default="bench-results",
                        help="output directory for results.json, results.md, bench.png (default: bench-results/)")
     bench.add_argument("--no-plot", dest="plot", action="store_false", help="do not draw bench.png")
-    bench.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     # HumanEval chat prompts stay under ~1k tokens; a smaller KV cache per engine keeps a 10-method run lean.
     bench.set_defaults(handler=run_bench_command, max_context=2048)
     for action in bench._actions:

@@ -1,0 +1,321 @@
+"""ModelBackend over llama.cpp (llama-cpp-python's low-level API): GGUF weights as they are, one KV sequence per cache.
+
+Each backend owns one llama.cpp model and one context whose KV memory is shared by its caches; a
+cache is a llama.cpp sequence id plus a length, and trim(n) is `llama_memory_seq_rm` of the tail,
+so rollback copies nothing. A forward is one `llama_decode` with logits requested only for the rows
+the caller asked for.
+
+Batch invariance (the target's lossless greedy contract): a row's logits must be bit-identical
+whether it is decoded alone (plain decoding) or as one row of a k+1 verification batch. llama.cpp
+picks kernels by batch size in four places, so a batch-invariant backend avoids each:
+- repacked weights (CPU "extra buffer types": Q4_K/Q4_0 interleaved gemv for 1 row, gemm for 4+):
+  loaded with `use_extra_bufts = false`;
+- llamafile's tinyBLAS (taken for 2+ rows only): the library must be built with GGML_LLAMAFILE=OFF,
+  which `llama_build_info()` reports and this module checks;
+- the tiled K-quant matmul (taken for 8+ rows): rows whose logits are returned go through
+  llama_decode in slices of at most INVARIANT_ROWS rows. A prompt prefill (logits for its last row
+  only) may use it: plain and speculative decoding prefill the same prompt identically;
+- flash attention (split-KV for one query over 512+ cells, tiled for many queries): disabled, so
+  attention is a per-row F16 dot product and a per-row softmax.
+Cells are filled in position order (one active sequence, trimmed from the end), so the order of
+every attention sum is the same in both runs. tests/test_llamacpp_backend.py checks rows bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..kvcache import ContextOverflowError
+
+# The tiled K-quant matmul engages at 8 rows (ggml-cpu/tiled/tiled.cpp: ggml_tiled_min_batch).
+INVARIANT_ROWS = 7
+DEFAULT_BATCH = 512
+MAX_SEQUENCES = 16
+
+
+class LlamaCppUnavailable(ImportError):
+    """llama-cpp-python is not installed (or its shared library failed to load)."""
+
+
+_INSTALL_HINT = (
+    "install it with the flags specdec needs: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_LLAMAFILE=OFF "
+    "-DLLAVA_BUILD=OFF\" pip install 'specdec[llamacpp]' (see docs/llamacpp.md)"
+)
+
+_lock = threading.Lock()
+_initialised = False
+_log_callback = None  # kept alive: llama.cpp calls it from C
+
+
+def llama_cpp_module():
+    """Import llama_cpp once, initialise the backend and route its logging; LlamaCppUnavailable otherwise."""
+    global _initialised, _log_callback
+    try:
+        import llama_cpp
+    except (ImportError, OSError, RuntimeError) as exc:  # a missing or broken libllama raises OSError/RuntimeError
+        raise LlamaCppUnavailable(f"the llama.cpp backend needs llama-cpp-python ({exc}); {_INSTALL_HINT}") from exc
+    with _lock:
+        if not _initialised:
+            verbose = os.environ.get("SPECDEC_LLAMACPP_VERBOSE") == "1"
+
+            @llama_cpp.llama_log_callback
+            def _log(level, text, user_data):
+                # llama.cpp logs every tensor and parameter at load; keep errors unless asked for more.
+                if verbose or level == 4:  # GGML_LOG_LEVEL_ERROR
+                    os.write(2, text)
+
+            _log_callback = _log
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _initialised = True
+    return llama_cpp
+
+
+def build_features() -> dict[str, bool]:
+    """CPU features and build switches of the loaded libllama ("AVX2", "LLAMAFILE", "AMX_INT8", ...)."""
+    llama_cpp = llama_cpp_module()
+    info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+    return {name: value == "1" for name, value in re.findall(r"([A-Z0-9_]+) = (\d)", info)}
+
+
+def batch_invariance_problems(features: dict[str, bool] | None = None) -> list[str]:
+    """Why this libllama cannot give batch-invariant rows ([] when it can)."""
+    features = build_features() if features is None else features
+    problems = []
+    if features.get("LLAMAFILE"):
+        problems.append("it was built with GGML_LLAMAFILE=ON (tinyBLAS computes batches of 2+ rows differently)")
+    return problems
+
+
+def default_threads() -> int:
+    """The CPUs this process may run on (not the machine's count: containers and taskset restrict it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaCppSequence:
+    """A KV cache: one llama.cpp sequence of a backend's context; trim(n) removes its last n positions."""
+
+    def __init__(self, backend: "LlamaCppBackend", seq_id: int, capacity: int):
+        self._backend = backend
+        self.seq_id = seq_id
+        self._capacity = capacity
+        self.length = 0
+        # Give the sequence id back (and free its cells) when the cache object goes away.
+        self._finalizer = weakref.finalize(self, backend._release_sequence, seq_id)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def trim(self, n: int) -> int:
+        n = max(0, min(n, self.length))
+        if n:
+            self._backend._remove_positions(self.seq_id, self.length - n)
+            self.length -= n
+        return n
+
+
+class LlamaCppBackend:
+    """A GGUF model on llama.cpp behind ModelBackend (see the module docstring for batch invariance)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        name: str | None = None,
+        max_context: int = 4096,
+        threads: int | None = None,
+        batch_invariant: bool = True,
+        tokenizer=None,
+        batch_size: int = DEFAULT_BATCH,
+    ):
+        llama_cpp = llama_cpp_module()
+        self._llama = llama_cpp
+        self.gguf_path = Path(path)
+        self.name = name or self.gguf_path.name
+        self.tokenizer = tokenizer
+        self.threads = threads or default_threads()
+        features = build_features()
+        problems = batch_invariance_problems(features) if batch_invariant else []
+        self.batch_invariant = batch_invariant and not problems
+        self.batch_invariance_problems = problems
+
+        model_params = llama_cpp.llama_model_default_params()
+        # Repacked weights change kernels with the row count; AMX buffers fault on some VMs.
+        model_params.use_extra_bufts = not batch_invariant and not features.get("AMX_INT8", False)
+        model = llama_cpp.llama_model_load_from_file(str(self.gguf_path).encode(), model_params)
+        if not model:
+            raise ValueError(f"llama.cpp could not load {self.gguf_path} (not a GGUF model it supports?)")
+        self._model = model
+        self.train_context = int(llama_cpp.llama_model_n_ctx_train(model))
+        self.max_context = min(max_context, self.train_context) if self.train_context > 0 else max_context
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        self._vocab = vocab
+        self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        self.eos_token_ids = frozenset(
+            t for t in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, t)
+        )
+        self.batch_size = max(INVARIANT_ROWS, min(batch_size, self.max_context))
+
+        ctx_params = llama_cpp.llama_context_default_params()
+        ctx_params.n_ctx = self.max_context
+        ctx_params.n_batch = self.batch_size
+        ctx_params.n_ubatch = self.batch_size
+        ctx_params.n_seq_max = MAX_SEQUENCES
+        ctx_params.kv_unified = True  # every sequence may use the whole context (one is active at a time)
+        ctx_params.n_threads = self.threads
+        ctx_params.n_threads_batch = self.threads
+        ctx_params.no_perf = True
+        if batch_invariant:
+            ctx_params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        ctx = llama_cpp.llama_init_from_model(model, ctx_params)
+        if not ctx:
+            llama_cpp.llama_model_free(model)
+            raise ValueError(f"llama.cpp could not create a context of {self.max_context} tokens for {self.name}")
+        self._ctx = ctx
+        self._memory = llama_cpp.llama_get_memory(ctx)
+        self._batch = llama_cpp.llama_batch_init(self.batch_size, 0, 1)
+        self._free_sequences = list(range(MAX_SEQUENCES - 1, -1, -1))
+        self.forward_calls = 0
+        self.forward_seconds = 0.0
+        self.forward_records: list[tuple[int, float]] | None = None  # (tokens, seconds) per call while a probe asks
+        self._closer = weakref.finalize(self, _free_native, llama_cpp, self._batch, ctx, model)
+
+    # -- caches -------------------------------------------------------------------------------------------
+
+    def new_cache(self, capacity: int | None = None) -> LlamaCppSequence:
+        capacity = min(capacity or self.max_context, self.max_context)
+        if not self._free_sequences:
+            raise RuntimeError(f"{self.name}: all {MAX_SEQUENCES} llama.cpp sequences are in use")
+        seq_id = self._free_sequences.pop()
+        self._llama.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        return LlamaCppSequence(self, seq_id, capacity)
+
+    def _release_sequence(self, seq_id: int) -> None:
+        if self._closer.alive:
+            self._llama.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+            self._free_sequences.append(seq_id)
+
+    def _remove_positions(self, seq_id: int, start: int) -> None:
+        if not self._llama.llama_memory_seq_rm(self._memory, seq_id, start, -1):
+            raise RuntimeError(f"{self.name}: llama.cpp could not remove positions >= {start} of sequence {seq_id}")
+
+    # -- forward ------------------------------------------------------------------------------------------
+
+    def forward(self, tokens: Sequence[int], cache: LlamaCppSequence, num_logits: int = 1) -> torch.Tensor:
+        """Append tokens to cache; return float32 logits [num_logits, vocab] for the last num_logits positions."""
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        start = cache.length
+        if start + n > cache.capacity:
+            raise ContextOverflowError(
+                f"{start + n} tokens exceed the context of {cache.capacity} tokens for {self.name}"
+            )
+        num_logits = max(1, min(num_logits, n))
+        began = time.perf_counter()
+        first_output = n - num_logits
+        rows: list[np.ndarray] = []
+        try:
+            for lo, hi in self._slices(n, num_logits):
+                want = max(0, hi - max(lo, first_output))
+                self._decode(tokens[lo:hi], start + lo, cache.seq_id, want)
+                cache.length = start + hi
+                if want:
+                    rows.append(self._read_logits(want))
+        except BaseException:
+            # Leave the cache exactly as it was before this call.
+            self._remove_positions(cache.seq_id, start)
+            cache.length = start
+            raise
+        logits = torch.from_numpy(np.concatenate(rows) if len(rows) > 1 else rows[0])
+        seconds = time.perf_counter() - began
+        self.forward_calls += 1
+        self.forward_seconds += seconds
+        if self.forward_records is not None:
+            self.forward_records.append((n, seconds))
+        return logits
+
+    def _slices(self, n: int, num_logits: int) -> list[tuple[int, int]]:
+        """Split [0, n) into llama_decode calls of at most batch_size rows.
+
+        Batch-invariant backends decode the rows whose logits are returned in slices of INVARIANT_ROWS.
+        A call that wants only the last row's logits is a prompt prefill and runs in full batches: it is
+        computed identically whichever way the prompt is later decoded, and the fast kernels pay there.
+        """
+        size = self.batch_size
+        if num_logits == 1 or not self.batch_invariant:
+            return [(lo, min(lo + size, n)) for lo in range(0, n, size)]
+        first_output = n - num_logits
+        slices = [(lo, min(lo + size, first_output)) for lo in range(0, first_output, size)]
+        return slices + [(lo, min(lo + INVARIANT_ROWS, n)) for lo in range(first_output, n, INVARIANT_ROWS)]
+
+    def _decode(self, tokens: Sequence[int], first_pos: int, seq_id: int, num_logits: int) -> None:
+        batch = self._batch
+        count = len(tokens)
+        first_logit = count - num_logits
+        for i, token in enumerate(tokens):
+            batch.token[i] = int(token)
+            batch.pos[i] = first_pos + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq_id
+            batch.logits[i] = 1 if i >= first_logit else 0
+        batch.n_tokens = count
+        status = self._llama.llama_decode(self._ctx, batch)
+        if status == 1:
+            raise ContextOverflowError(f"{self.name}: no room left in the llama.cpp KV cache for {count} tokens")
+        if status != 0:
+            raise RuntimeError(f"{self.name}: llama_decode failed with status {status}")
+
+    def _read_logits(self, rows: int) -> np.ndarray:
+        pointer = self._llama.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(rows * self.vocab_size,)).reshape(rows, self.vocab_size).copy()
+
+    def describe(self) -> dict:
+        """What a benchmark records about this model and runtime."""
+        llama = self._llama
+        model_type = ctypes.create_string_buffer(256)
+        llama.llama_model_desc(self._model, model_type, len(model_type))
+        return {
+            "name": self.name, "backend": "llama.cpp", "class": type(self).__name__,
+            "llama_cpp_python": getattr(llama, "__version__", None), "gguf": str(self.gguf_path),
+            "model": model_type.value.decode("utf-8", "replace"), "parameters": int(llama.llama_model_n_params(self._model)),
+            "file_bytes": self.gguf_path.stat().st_size, "vocab_size": self.vocab_size,
+            "max_context": self.max_context, "threads": self.threads, "batch_invariant": self.batch_invariant,
+            "batch_invariance_problems": self.batch_invariance_problems,
+            "build": llama.llama_print_system_info().decode("utf-8", "replace").strip(),
+        }
+
+    # -- vocabulary ---------------------------------------------------------------------------------------
+
+    def token_strings(self) -> list[bytes]:
+        """Every token's stored text, by id (for vocabulary checks between two models)."""
+        return [self._llama.llama_vocab_get_text(self._vocab, t) for t in range(self.vocab_size)]
+
+    def close(self) -> None:
+        self._closer()
+
+
+def _free_native(llama_cpp, batch, ctx, model) -> None:
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+
+
+__all__ = [
+    "INVARIANT_ROWS", "LlamaCppBackend", "LlamaCppSequence", "LlamaCppUnavailable", "batch_invariance_problems",
+    "build_features", "default_threads", "llama_cpp_module",
+]
