@@ -93,16 +93,24 @@ def _method_summary(method: dict, runs: list[dict], scope_runs: list[dict]) -> d
         c, source = c_per_token, ("drafting time per token" if c_per_token is not None else None)
     out["cost_ratio"] = _round(c)
     out["cost_ratio_source"] = source
+    # Verify cost: a method's mean target pass in one-token passes of plain decoding (Leviathan assumes 1).
+    t_step = stats.target_seconds / stats.num_target_forwards if stats.num_target_forwards else None
+    verify_cost = t_step / t_plain_step if t_step and t_plain_step and method["kind"] == "specdec" else None
+    out["verify_cost"] = _round(verify_cost)
     if drafting:
         k = method["k"] if method.get("fixed_k") and method.get("k") else stats.num_draft_tokens / stats.num_drafts
         out["k_for_bound"] = round(float(k), 3)
         out["leviathan_bound"] = round(leviathan_speedup(stats.acceptance_rate, k, c or 0.0), 4)
+        out["cost_model_bound"] = round(
+            leviathan_speedup(stats.acceptance_rate, k, c or 0.0, verify_cost), 4
+        ) if verify_cost else None
         out["expected_tokens_per_step"] = round(
             (1 - stats.acceptance_rate ** (k + 1)) / (1 - stats.acceptance_rate) if stats.acceptance_rate < 1
             else k + 1, 4,
         )
     else:
         out["k_for_bound"] = out["leviathan_bound"] = out["expected_tokens_per_step"] = None
+        out["cost_model_bound"] = None
 
     for key in ("identical_to_plain", "identical_to_hf_plain"):
         flags = [r[key] for r in runs if r.get(key) is not None]
@@ -157,6 +165,8 @@ def summarise(results: dict) -> dict:
             "cost_ratio": "c = draft forward / target single-token forward (module time via hooks); for "
                           "model-free drafters drafting seconds per drafted token / target single-token forward",
             "leviathan_bound": "(1 - a^(k+1)) / ((1 - a)(k c + 1)) from measured a, k and c",
+            "verify_cost": "v = a method's mean target pass / plain decoding's one-token pass (Leviathan assumes 1)",
+            "cost_model_bound": "(1 - a^(k+1)) / ((1 - a)(k c + v)): the bound at the measured verify cost",
         },
     }
 
@@ -183,15 +193,16 @@ def _identical_cell(row: dict) -> str:
 def method_table(summary: dict) -> str:
     lines = [
         ("| method | tok/s | speedup vs plain | vs hf_plain | accept rate | mean accept len (incl. bonus) "
-        "| k (mean) | c | Leviathan bound | greedy identical |"),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| k (mean) | c | verify cost | Leviathan bound | bound at verify cost | greedy identical |"),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, row in summary["overall"].items():
         lines.append(
             f"| {name} | {_fmt(row['tokens_per_second'])} | {_fmt(row.get('speedup'), '.2f', 'x')} "
             f"| {_fmt(row.get('speedup_vs_hf_plain'), '.2f', 'x')} | {_fmt(row['acceptance_rate'], '.3f')} "
             f"| {_fmt(row['mean_acceptance_length'], '.2f')} | {_fmt(row['mean_k'], '.1f')} "
-            f"| {_fmt(row['cost_ratio'], '.3f')} | {_fmt(row['leviathan_bound'], '.2f', 'x')} "
+            f"| {_fmt(row['cost_ratio'], '.3f')} | {_fmt(row.get('verify_cost'), '.2f')} "
+            f"| {_fmt(row['leviathan_bound'], '.2f', 'x')} | {_fmt(row.get('cost_model_bound'), '.2f', 'x')} "
             f"| {_identical_cell({**row, 'is_baseline': name == 'plain'})} |"
         )
     return "\n".join(lines)
@@ -263,6 +274,15 @@ def mismatch_lines(results: dict, limit: int = 30) -> list[str]:
     return lines
 
 
+def _runtime(env: dict) -> str:
+    target = env.get("target") or {}
+    if target.get("backend") == "llama.cpp":
+        invariant = "batch-invariant" if target.get("batch_invariant") else "NOT batch-invariant"
+        return (f"llama.cpp (llama-cpp-python {target.get('llama_cpp_python')}, {target.get('threads')} threads, "
+                f"{invariant} target)")
+    return f"torch {env['torch']}, transformers {env['transformers']}, {env['torch_threads']} torch threads"
+
+
 def to_markdown(results: dict) -> str:
     config, env, summary = results["config"], results["environment"], results["summary"]
     sampling = config["sampling"]
@@ -274,8 +294,8 @@ def to_markdown(results: dict) -> str:
         "",
         (f"- target `{target}`, draft `{draft}`, weights {env.get('weight_format') or '?'}"
          f"{' (draft ' + config['draft_weight_format'] + ')' if config.get('draft_weight_format') else ''}; "
-        f"torch {env['torch']}, transformers {env['transformers']}, {env['cpu_count']} CPUs "
-        f"({env['torch_threads']} torch threads){', CUDA' if env.get('cuda') else ''}"),
+        f"{_runtime(env)}; {env.get('cpu_model') or env['cpu_count']} "
+        f"({env['cpu_count']} CPUs){', CUDA' if env.get('cuda') else ''}"),
         (f"- tasks {', '.join(summary['tasks'])}; {config['num_prompts']} prompts, {config['repeats']} repeat(s), "
         f"{decoding}, max {sampling['max_tokens']} new tokens"
         f"{', ignore EOS' if sampling['ignore_eos'] else ', stop at EOS'}; "
@@ -303,7 +323,9 @@ def to_markdown(results: dict) -> str:
         "generated tokens / wall time incl. prefill. Mean acceptance length = 1 + accepted/drafts: tokens per "
         "target pass **including the bonus token** (plain = 1.00). c = draft forward / target single-token "
         "forward (drafting time per drafted token for model-free drafters). Leviathan bound = "
-        "(1 - a^(k+1)) / ((1 - a)(k c + 1)) from the measured a, k and c. Greedy identical = token-for-token "
+        "(1 - a^(k+1)) / ((1 - a)(k c + 1)) from the measured a, k and c; it assumes verifying k+1 tokens "
+        "costs one plain step. Verify cost v = the method's mean target pass in plain steps, and the bound at "
+        "that cost = (1 - a^(k+1)) / ((1 - a)(k c + v)). Greedy identical = token-for-token "
         "equal to `plain` on every prompt (transformers' methods also against `hf_plain`)."),
     ]
     mismatched = [n for n, r in summary["overall"].items()

@@ -67,6 +67,33 @@ class ForwardProbe:
         self._handles = []
 
 
+class BackendProbe:
+    """The same records as ForwardProbe, from a backend that logs its own forwards (llama.cpp has no nn.Module)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        backend.forward_records = []
+
+    def take(self) -> list[tuple[int, float]]:
+        records, self.backend.forward_records = self.backend.forward_records, []
+        return records
+
+    def close(self) -> None:
+        self.backend.forward_records = None
+
+
+def make_probe(backend):
+    """A forward probe for a backend: hooks on its nn.Module, else its own log; None if it has neither."""
+    if backend is None:
+        return None
+    model = getattr(backend, "model", None)
+    if model is not None:
+        return ForwardProbe(model)
+    if hasattr(backend, "forward_records"):
+        return BackendProbe(backend)
+    return None
+
+
 def _summarise_forwards(records: list[tuple[int, float]], short_max: int) -> dict:
     short = [s for n, s in records if n <= short_max]
     return {
@@ -110,8 +137,8 @@ class BenchRunner:
         target_model = getattr(decoder.target, "model", None)
         draft_model = getattr(decoder.draft, "model", None) if decoder.draft is not None else None
         self.target_model, self.draft_model = target_model, draft_model
-        self.target_probe = ForwardProbe(target_model) if target_model is not None else None
-        self.draft_probe = ForwardProbe(draft_model) if draft_model is not None else None
+        self.target_probe = make_probe(decoder.target)
+        self.draft_probe = make_probe(decoder.draft)
         tokenizer = decoder.tokenizer
         self.pad_token_id = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
 
@@ -365,9 +392,11 @@ def environment(decoder, weight_format: str | None = None) -> dict:
     def describe(backend):
         if backend is None:
             return None
+        if hasattr(backend, "describe"):
+            return backend.describe()
         model = getattr(backend, "model", None)
         out = {"name": getattr(backend, "name", "?"), "max_context": getattr(backend, "max_context", None),
-               "class": type(model).__name__ if model is not None else type(backend).__name__}
+               "class": type(model).__name__ if model is not None else type(backend).__name__, "backend": "torch"}
         config = getattr(model, "config", None)
         if config is not None:
             # From the config: packed/quantized linears hold their weights outside nn.Parameters.
@@ -382,6 +411,7 @@ def environment(decoder, weight_format: str | None = None) -> dict:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": platform.processor() or None,
+        "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch": torch.__version__,
@@ -393,6 +423,17 @@ def environment(decoder, weight_format: str | None = None) -> dict:
         "target": describe(decoder.target),
         "draft": describe(decoder.draft),
     }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def run_bench(decoder, prompts: Sequence[BenchPrompt], config: BenchConfig, log=None) -> dict:
