@@ -204,3 +204,19 @@ def test_adaptive_policy_learns_from_the_engine(target_backend, self_draft_backe
         assert policy.acceptance_rate > 0.9  # learned from the engine's feedback
         assert policy.draft_cost > 0
     assert policy.verify_cost(1) > 0
+
+
+def test_explorations_back_off_while_drafting_does_not_pay():
+    # Verifying costs as much as decoding (a compute-bound CPU) and drafting is slow: k = 0 wins, and each
+    # exploration that confirms it doubles the wait before the next one.
+    verify = lambda size: float(size)
+    policy = AdaptiveK(4, explore_every=4, max_explore_every=32)
+    ks = simulate(policy, 300, acceptance=0.9, draft_cost=0.5, verify_cost=verify)
+    assert typical(ks[20:]) == 0
+    explored = [i for i, k in enumerate(ks) if k > 0 and i > 2]
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert gaps[-1] > gaps[0] and max(gaps) <= 32 + 1
+    # Control: the same policy without back-off keeps exploring every 4 steps.
+    flat = AdaptiveK(4, explore_every=4, max_explore_every=4)
+    flat_ks = simulate(flat, 300, acceptance=0.9, draft_cost=0.5, verify_cost=verify)
+    assert sum(k > 0 for k in flat_ks) > 2 * sum(k > 0 for k in ks)

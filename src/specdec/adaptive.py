@@ -20,7 +20,10 @@ The cost model is Leviathan et al.'s, with every term measured online instead of
 Every estimate is a decayed sum, so old evidence fades and the policy follows shifts in acceptance
 (e.g. the prompt stops being copied). A position's evidence fades only on steps that drafted it (new
 evidence could have arrived), and a position with little evidence borrows its predecessor's rate.
-Every `explore_every` steps it tries the best k +/- 1 so the neighbouring estimates do not go stale. Decisions are a pure function of the updates it was fed:
+Every `explore_every` steps it tries the best k +/- 1 so the neighbouring estimates do not go stale;
+while drafting is off (best k = 0) each exploration that confirms k = 0 doubles the wait before the next
+(up to `max_explore_every`), because there exploring costs most: a draft model first has to catch up
+on every token decoded since it last ran. Decisions are a pure function of the updates it was fed:
 no random numbers and no clock of its own, so it is unit-testable with synthetic timings.
 
 Note: in sampled mode the emitted text is exactly target-distributed whatever k is chosen, but the
@@ -58,6 +61,7 @@ class AdaptiveK:
     shrink:        pseudo-observations pulling each position's rate toward its predecessor's (position 0:
                    toward the pooled rate), so a rarely reached position borrows strength from the others.
     explore_every: every this many decisions, try best k + 1 or - 1 (alternating); 0 disables.
+    max_explore_every: the longest wait between explorations while best k = 0 (see the module docstring).
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class AdaptiveK:
         shrink: float = 1.0,
         explore_every: int = 8,
         prior_acceptance: float = 0.5,
+        max_explore_every: int = 128,
     ):
         if max_k < 0:
             raise ValueError(f"max_k must be >= 0, got {max_k}")
@@ -80,6 +85,10 @@ class AdaptiveK:
         self.time_alpha = time_alpha
         self.shrink = shrink
         self.explore_every = explore_every
+        self.max_explore_every = max(explore_every, max_explore_every)
+        self._explore_wait = explore_every  # current wait between explorations (grows while best k = 0)
+        self._since_explore = 0
+        self._explored_from: int | None = None  # the best k when the last exploration was made
         self.prior_acceptance = prior_acceptance
         # Decayed counts: position i reached by the verifier / accepted there.
         self._reached = [0.0] * max_k
@@ -196,7 +205,15 @@ class AdaptiveK:
             k = 0
         else:
             k = self.best_k()
-            if self.explore_every and self._decisions % self.explore_every == 0 and self.max_k > 0:
+            if self._explored_from is not None:
+                confirmed_off = k == 0 and self._explored_from == 0
+                self._explore_wait = min(2 * self._explore_wait, self.max_explore_every) if confirmed_off \
+                    else self.explore_every
+                self._explored_from = None
+            self._since_explore += 1
+            if self.explore_every and self._since_explore >= self._explore_wait and self.max_k > 0:
+                self._explored_from = k
+                self._since_explore = 0
                 k = self._neighbour(k)
         self.last_k = k
         self.history.append(k)

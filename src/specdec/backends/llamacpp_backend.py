@@ -28,6 +28,7 @@ import os
 import re
 import threading
 import time
+import warnings
 import weakref
 from pathlib import Path
 from typing import Sequence
@@ -49,7 +50,8 @@ class LlamaCppUnavailable(ImportError):
 
 _INSTALL_HINT = (
     "install it with the flags specdec needs: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_LLAMAFILE=OFF "
-    "-DLLAVA_BUILD=OFF\" pip install 'specdec[llamacpp]' (see docs/llamacpp.md)"
+    "-DLLAVA_BUILD=OFF\" pip install --force-reinstall --no-cache-dir 'llama-cpp-python==0.3.36' "
+    "(see docs/llamacpp.md)"
 )
 
 _lock = threading.Lock()
@@ -152,6 +154,12 @@ class LlamaCppBackend:
         problems = batch_invariance_problems(features) if batch_invariant else []
         self.batch_invariant = batch_invariant and not problems
         self.batch_invariance_problems = problems
+        if problems:
+            warnings.warn(
+                f"{self.name}: this libllama cannot compute rows batch-invariantly ({'; '.join(problems)}), so "
+                f"greedy speculative output may differ from plain decoding at near-ties; {_INSTALL_HINT}",
+                stacklevel=2,
+            )
 
         model_params = llama_cpp.llama_model_default_params()
         # Repacked weights change kernels with the row count; AMX buffers fault on some VMs.
