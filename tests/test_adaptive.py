@@ -207,16 +207,29 @@ def test_adaptive_policy_learns_from_the_engine(target_backend, self_draft_backe
 
 
 def test_explorations_back_off_while_drafting_does_not_pay():
-    # Verifying costs as much as decoding (a compute-bound CPU) and drafting is slow: k = 0 wins, and each
-    # exploration that confirms it doubles the wait before the next one.
-    verify = lambda size: float(size)
+    # Each extra verified row costs 0.6 of a plain step (a compute-bound CPU) and drafts are mostly wrong:
+    # k = 0 wins (though perfect drafts would pay), and each exploration that confirms it doubles the wait.
+    verify = lambda size: 1.0 + 0.6 * (size - 1)
     policy = AdaptiveK(4, explore_every=4, max_explore_every=32)
-    ks = simulate(policy, 300, acceptance=0.9, draft_cost=0.5, verify_cost=verify)
+    ks = simulate(policy, 300, acceptance=0.3, draft_cost=0.05, verify_cost=verify)
+    assert policy.drafting_could_pay()
     assert typical(ks[20:]) == 0
     explored = [i for i, k in enumerate(ks) if k > 0 and i > 2]
     gaps = [b - a for a, b in zip(explored, explored[1:])]
     assert gaps[-1] > gaps[0] and max(gaps) <= 32 + 1
     # Control: the same policy without back-off keeps exploring every 4 steps.
     flat = AdaptiveK(4, explore_every=4, max_explore_every=4)
-    flat_ks = simulate(flat, 300, acceptance=0.9, draft_cost=0.5, verify_cost=verify)
+    flat_ks = simulate(flat, 300, acceptance=0.3, draft_cost=0.05, verify_cost=verify)
     assert sum(k > 0 for k in flat_ks) > 2 * sum(k > 0 for k in ks)
+
+
+def test_no_exploration_when_even_perfect_acceptance_could_not_pay():
+    # Each extra verified row costs a whole plain step and drafting costs half of one: no draft can win.
+    policy = AdaptiveK(4, explore_every=4)
+    ks = simulate(policy, 200, acceptance=1.0, draft_cost=0.5, verify_cost=lambda size: float(size))
+    assert not policy.drafting_could_pay()
+    assert all(k == 0 for k in ks[40:])
+    # Negative control: cheap drafting at the same verify costs could pay, so k = 0 is still explored.
+    cheap = AdaptiveK(4, explore_every=4)
+    cheap_ks = simulate(cheap, 200, acceptance=0.1, draft_cost=0.0, verify_cost=lambda size: 1.0 + 0.5 * (size - 1))
+    assert cheap.drafting_could_pay() and any(k > 0 for k in cheap_ks[40:])

@@ -23,7 +23,8 @@ evidence could have arrived), and a position with little evidence borrows its pr
 Every `explore_every` steps it tries the best k +/- 1 so the neighbouring estimates do not go stale;
 while drafting is off (best k = 0) each exploration that confirms k = 0 doubles the wait before the next
 (up to `max_explore_every`), because there exploring costs most: a draft model first has to catch up
-on every token decoded since it last ran. Decisions are a pure function of the updates it was fed:
+on every token decoded since it last ran. When even perfect acceptance could not make drafting pay at
+the measured costs, it does not explore at all. Decisions are a pure function of the updates it was fed:
 no random numbers and no clock of its own, so it is unit-testable with synthetic timings.
 
 Note: in sampled mode the emitted text is exactly target-distributed whatever k is chosen, but the
@@ -211,13 +212,24 @@ class AdaptiveK:
                     else self.explore_every
                 self._explored_from = None
             self._since_explore += 1
-            if self.explore_every and self._since_explore >= self._explore_wait and self.max_k > 0:
+            worth_exploring = k > 0 or self.drafting_could_pay()
+            if self.explore_every and worth_exploring and self._since_explore >= self._explore_wait and self.max_k > 0:
                 self._explored_from = k
                 self._since_explore = 0
                 k = self._neighbour(k)
         self.last_k = k
         self.history.append(k)
         return k
+
+    def drafting_could_pay(self, margin: float = 0.05) -> bool:
+        """Would some k >= 1 beat plain decoding by `margin` even if every draft token were accepted?
+
+        If not, the measured costs alone (drafting + verifying extra rows) rule drafting out, and exploring
+        it would only spend time: acceptance cannot rise above 1.
+        """
+        perfect = [1.0] * self.max_k
+        plain = self.expected_rate(0, perfect)
+        return any(self.expected_rate(k, perfect) > (1 + margin) * plain for k in range(1, self.max_k + 1))
 
     def _neighbour(self, k: int) -> int:
         step = 1 if self._explore_up else -1

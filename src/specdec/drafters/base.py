@@ -16,7 +16,10 @@ class Draft:
 
     tokens: list[int]
     probs: torch.Tensor | None = None
-    seconds: float = 0.0  # wall time spent proposing, for the cost model
+    seconds: float = 0.0  # wall time spent proposing these tokens, for the cost model
+    # Wall time spent first feeding a draft model the context it had not seen (the prompt, or tokens decoded
+    # while drafting was off): real time, but a one-off, so it is kept out of the per-token cost model.
+    catchup_seconds: float = 0.0
 
 
 @runtime_checkable

@@ -17,7 +17,9 @@ class DraftModelDrafter:
 
     Cache invariant between calls: the draft cache holds a prefix of the engine's context, so each
     propose() first feeds whatever the cache is missing (the recovered/bonus token, and after a
-    fully accepted draft, the last draft token) in one forward.
+    fully accepted draft, the last draft token) in one forward. The prompt is fed lazily by the first
+    propose(), so a request whose policy never drafts (k = 0 on a compute-bound CPU, or prompt lookup
+    always matching in the hybrid) never pays for it; such longer catch-ups are timed apart from drafting.
     """
 
     name = "draft_model"
@@ -37,10 +39,6 @@ class DraftModelDrafter:
             self.cache = self.backend.new_cache(self.backend.max_context)
         self.cache.trim(self.cache.length)
         self._fed_draft = 0
-        # Prefill here, not in the first propose(): Draft.seconds must measure drafting alone,
-        # or the adaptive cost model would charge the prompt to the first few draft tokens.
-        if 1 < len(prompt) <= self.cache.capacity:
-            self.backend.forward(list(prompt[:-1]), self.cache, num_logits=1)
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         began = time.perf_counter()
@@ -48,7 +46,14 @@ class DraftModelDrafter:
         k = max(0, min(k, room))
         if k == 0:
             return Draft([], None, time.perf_counter() - began)
-        logits = self.backend.forward(list(context[self.cache.length :]), self.cache, num_logits=1)[-1]
+        pending = list(context[self.cache.length :])
+        catchup = 0.0
+        if len(pending) > 2:
+            # More than the usual 1-2 tokens behind: feed the backlog as its own (prefill-like) forward.
+            self.backend.forward(pending[:-1], self.cache, num_logits=1)
+            pending = pending[-1:]
+            catchup = time.perf_counter() - began
+        logits = self.backend.forward(pending, self.cache, num_logits=1)[-1]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
@@ -70,7 +75,7 @@ class DraftModelDrafter:
         self._fed_draft = len(tokens) - 1 if len(tokens) == k else len(tokens)
         # The cache now holds context + every proposed token except possibly the last.
         probs = torch.stack(rows) if rows else None
-        return Draft(tokens, probs, time.perf_counter() - began)
+        return Draft(tokens, probs, time.perf_counter() - began - catchup, catchup)
 
     def accepted(self, num_accepted: int, num_proposed: int) -> None:
         self.cache.trim(max(0, self._fed_draft - num_accepted))

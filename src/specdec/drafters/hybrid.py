@@ -59,7 +59,8 @@ class HybridDrafter:
         draft = self.model.propose(context, k)
         self._last_source = "model" if draft.tokens else None
         self.num_model_drafts += bool(draft.tokens)
-        return Draft(draft.tokens, draft.probs, time.perf_counter() - began)
+        return Draft(draft.tokens, draft.probs, time.perf_counter() - began - draft.catchup_seconds,
+                     draft.catchup_seconds)
 
     def accepted(self, num_accepted: int, num_proposed: int) -> None:
         # Only the model wrote speculative tokens into its cache; a lookup draft left it untouched.
