@@ -233,3 +233,27 @@ def test_no_exploration_when_even_perfect_acceptance_could_not_pay():
     cheap = AdaptiveK(4, explore_every=4)
     cheap_ks = simulate(cheap, 200, acceptance=0.1, draft_cost=0.0, verify_cost=lambda size: 1.0 + 0.5 * (size - 1))
     assert cheap.drafting_could_pay() and any(k > 0 for k in cheap_ks[40:])
+
+
+def test_each_draft_source_gets_its_own_adaptive_policy(target_backend, draft_backend):
+    # A copied 3-gram and a draft model are accepted at different rates and cost different amounts, so the
+    # hybrid's two sources learn separate k; the output is still plain decoding's.
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    expected = plain_engine(target_backend).generate(prompt, params).tokens
+    spec = SpecConfig(num_speculative_tokens=4, drafter="hybrid", k_policy="adaptive")
+    engine = SpeculativeEngine(target_backend, create_drafter("hybrid", draft_backend=draft_backend, spec=spec), spec)
+    result = engine.generate(prompt, params)
+    assert result.tokens == expected
+    sources = set(engine.adaptive_policies)
+    assert "model" in sources and any(s.startswith("ngram") for s in sources), sources
+    assert sum(len(p.history) for p in engine.adaptive_policies.values()) == result.stats.num_target_forwards
+
+
+def test_prompt_lookup_names_its_source_by_match_length():
+    drafter = create_drafter("prompt_lookup", spec=SpecConfig(drafter="prompt_lookup", lookup_min_ngram=2))
+    drafter.begin([1, 2, 3, 4])
+    assert drafter.next_source([1, 2, 3, 4]) is None  # nothing repeats: the engine takes a plain step
+    assert drafter.next_source([1, 2, 3, 4, 9, 2, 3]) == "ngram2"
+    assert drafter.next_source([1, 2, 3, 4, 9, 2, 3, 7, 1, 2, 3]) == "ngram3"
+    assert drafter.propose([1, 2, 3, 4, 9, 2, 3, 7, 1, 2, 3], 2).tokens == [4, 9]

@@ -59,16 +59,21 @@ class SpeculativeEngine:
         self.decode = decode or _default_decoder(target)
         self.cache = None
         self.total_stats = SpecStats()
-        self._adaptive_policy = None
+        self.adaptive_policies: dict[str | None, object] = {}  # per draft source, for the engine's lifetime
 
-    def _policy_for_request(self):
-        # The adaptive cost model measures the hardware, which does not change between requests,
-        # so it is kept for the engine's lifetime; the other policies start fresh per request.
+    def _policy(self, source: str | None, request_policies: dict):
+        """The k policy of one draft source (a drafter may have several: see Drafter.next_source).
+
+        The adaptive cost model measures the hardware and that source's acceptance, which outlive a
+        request, so it is kept for the engine's lifetime; the other policies start fresh per request.
+        """
         if self.spec.k_policy == "adaptive":
-            if self._adaptive_policy is None:
-                self._adaptive_policy = make_policy("adaptive", self.spec.num_speculative_tokens)
-            return self._adaptive_policy
-        return make_policy(self.spec.k_policy, self.spec.num_speculative_tokens)
+            owner = self.adaptive_policies
+        else:
+            owner = request_policies
+        if source not in owner:
+            owner[source] = make_policy(self.spec.k_policy, self.spec.num_speculative_tokens)
+        return owner[source]
 
     def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
         """Refuse a request that cannot fit, before any work is done."""
@@ -111,7 +116,7 @@ class SpeculativeEngine:
         generator = make_generator(params.seed)
         eos = frozenset() if params.ignore_eos else self.target.eos_token_ids
         text = TextStream(self.decode, params.stop)
-        policy = self._policy_for_request()
+        request_policies: dict = {}
         if self.cache is None:
             self.cache = self.target.new_cache(self.target.max_context)
         cache = self.cache
@@ -129,7 +134,14 @@ class SpeculativeEngine:
                 # Invariant: the target cache holds every context token except the last.
                 remaining = params.max_tokens - generated
                 room = cache.capacity - len(context)
-                k = min(policy.next_k(), remaining - 1, room - 1) if drafter is not None else 0
+                policy, k = None, 0
+                if drafter is not None:
+                    # Sources differ in acceptance and cost (an n-gram copy vs a draft model), so each has its
+                    # own policy; None means the drafter has nothing to propose: a plain step.
+                    source = drafter.next_source(context) if hasattr(drafter, "next_source") else drafter.name
+                    if source is not None:
+                        policy = self._policy(source, request_policies)
+                        k = min(policy.next_k(), remaining - 1, room - 1)
                 draft = drafter.propose(context, k) if k > 0 else Draft([])
                 proposed = draft.tokens[: max(k, 0)]
                 stats.draft_seconds += draft.seconds
@@ -151,7 +163,8 @@ class SpeculativeEngine:
                 stats.target_seconds += target_seconds
                 if drafter is not None and proposed:
                     drafter.accepted(verdict.num_accepted, len(proposed))
-                policy.update(len(proposed), verdict.num_accepted, draft.seconds, target_seconds)
+                if policy is not None:
+                    policy.update(len(proposed), verdict.num_accepted, draft.seconds, target_seconds)
                 stats.record_step(len(proposed), verdict.num_accepted)
 
                 new_tokens = proposed[: verdict.num_accepted] + [verdict.next_token]

@@ -29,6 +29,11 @@ class Drafter(Protocol):
     The engine owns the sequence; a drafter only reads it. `begin` is called once per request with
     the prompt, `propose(context, k)` sees every token so far (prompt + emitted), and `accepted`
     reports how many of the last draft survived so the drafter can roll its own state back.
+
+    Optionally, `next_source(context) -> str | None` names the source the next propose() will draft
+    from (e.g. "ngram3" for a 3-gram copy, "model"); the engine keeps one k policy per source, since
+    their acceptance and cost differ. None means nothing to propose: the engine takes a plain step.
+    Without the method, the drafter is one source named after itself.
     """
 
     name: str

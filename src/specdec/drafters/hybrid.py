@@ -46,6 +46,12 @@ class HybridDrafter:
         self.model.begin(prompt, params, generator)
         self._last_source = None
 
+    def next_source(self, context: Sequence[int]) -> str:
+        """'ngram<n>' when lookup has a trusted match (propose() will copy it), else 'model'."""
+        self.lookup.index.sync(context)
+        _, n = self.lookup.index.match(1, self.min_match)
+        return f"ngram{n}" if n else "model"
+
     def propose(self, context: Sequence[int], k: int) -> Draft:
         began = time.perf_counter()
         if k <= 0:

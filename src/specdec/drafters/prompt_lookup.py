@@ -112,6 +112,13 @@ class PromptLookupDrafter:
         self.last_match_length = n
         return tokens
 
+    def next_source(self, context: Sequence[int]) -> str | None:
+        """'ngram<n>' for the match the next propose() will copy from (longer matches are accepted more
+        often, so each size gets its own k policy), None when nothing matches."""
+        self.index.sync(context)
+        _, n = self.index.match(1)
+        return f"ngram{n}" if n else None
+
     def propose(self, context: Sequence[int], k: int) -> Draft:
         began = time.perf_counter()
         tokens = self.lookup(context, k)
