@@ -209,7 +209,9 @@ def test_adaptive_policy_learns_from_the_engine(target_backend, self_draft_backe
 def test_explorations_back_off_while_drafting_does_not_pay():
     # Each extra verified row costs 0.6 of a plain step (a compute-bound CPU) and drafts are mostly wrong:
     # k = 0 wins (though perfect drafts would pay), and each exploration that confirms it doubles the wait.
-    verify = lambda size: 1.0 + 0.6 * (size - 1)
+    def verify(size):
+        return 1.0 + 0.6 * (size - 1)
+
     policy = AdaptiveK(4, explore_every=4, max_explore_every=32)
     ks = simulate(policy, 300, acceptance=0.3, draft_cost=0.05, verify_cost=verify)
     assert policy.drafting_could_pay()

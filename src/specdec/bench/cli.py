@@ -49,6 +49,9 @@ def register(commands) -> None:
                        help="skip the untimed warm-up run of each method")
     bench.add_argument("--no-chat", dest="chat", action="store_false", default=None,
                        help="raw completion prompts instead of the tokenizer's chat template")
+    bench.add_argument("--llamacpp-bin", default=None,
+                       help="folder holding llama.cpp's llama-server for the llamacpp_* peer methods (default: "
+                       "$SPECDEC_LLAMACPP_BIN, else <specdec cache>/llama.cpp-<version>/bin)")
     bench.add_argument("--out", "-o", default="bench-results",
                        help="output directory for results.json, results.md, bench.png (default: bench-results/)")
     bench.add_argument("--no-plot", dest="plot", action="store_false", help="do not draw bench.png")
@@ -105,19 +108,25 @@ def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
     if decoder is None:
         from ..pipeline import SpecDecoder
 
-        print(f"loading {ref.target} (draft: {ref.draft or 'none'}, {ref.weight_format}, draft {ref.draft_weight_format or ref.weight_format})", file=sys.stderr, flush=True)
+        print(f"loading {ref.target} (draft: {ref.draft or 'none'}, backend {ref.backend})", file=sys.stderr, flush=True)
         decoder = SpecDecoder.load(ref)
+    from .llamacpp_peer import binaries_dir, missing_reason
+
     methods, skipped = resolve_methods(
         args.methods, method_options(args), has_draft_model=decoder.draft is not None,
         has_hf_model=getattr(decoder.target, "model", None) is not None,
+        llamacpp_missing=missing_reason(binaries_dir(args.llamacpp_bin), getattr(decoder.target, "gguf_path", None)),
     )
+    on_torch = getattr(decoder.target, "model", None) is not None
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
     config = BenchConfig(
         methods=methods, params=sampling_from_args(args), repeats=args.repeats, warmup=args.warmup, chat=args.chat,
+        llamacpp_bin=args.llamacpp_bin,
         extra={
-            "target": ref.target, "draft": ref.draft, "weight_format": ref.weight_format,
-            "draft_weight_format": ref.draft_weight_format or ref.weight_format,
+            "target": ref.target, "draft": ref.draft,
+            "weight_format": ref.weight_format if on_torch else "GGUF as stored (llama.cpp)",
+            "draft_weight_format": (ref.draft_weight_format or ref.weight_format) if on_torch else None,
             "max_context": ref.max_context, "limit": args.limit, "k_sweep": list(parse_k_list(args.k_sweep)),
             "k": args.k, "k_max": args.k_max, "draft_p_min": args.draft_p_min, "argv": sys.argv[1:],
         },

@@ -7,6 +7,10 @@ The peer, transformers' own generate on the very same nn.Modules: `hf_plain` (gr
 `hf_assisted` (assisted generation with transformers' defaults), `hf_assisted_k<K>` (constant K
 assistant tokens, confidence stopping off; family `hf_assisted_k` expands to --k-sweep) and
 `hf_prompt_lookup` (prompt_lookup_num_tokens=-k).
+`prompt_lookup_adaptive` and `hybrid_adaptive` choose k per step with the cost model (max --k-max).
+The other peer, llama.cpp's own llama-server on the same GGUF files (bench/llamacpp_peer.py):
+`llamacpp_plain`, `llamacpp_spec` (its draft-model speculation, default settings; `llamacpp_spec_k<K>`
+sets its draft length) and `llamacpp_ngram` (its n-gram speculation).
 """
 
 from __future__ import annotations
@@ -18,14 +22,20 @@ from dataclasses import dataclass
 from ..config import ConfigError, SpecConfig
 
 DEFAULT_METHODS = (
-    "plain", "spec", "adaptive", "heuristic", "prompt_lookup", "hybrid", "hf_plain", "hf_assisted", "hf_prompt_lookup",
+    "plain", "spec", "adaptive", "heuristic", "prompt_lookup", "prompt_lookup_adaptive", "hybrid", "hybrid_adaptive",
+    "hf_plain", "hf_assisted", "hf_prompt_lookup", "llamacpp_plain", "llamacpp_spec", "llamacpp_ngram",
 )
 FAMILIES = (
-    "plain", "spec", "spec_k<K>", "adaptive", "heuristic", "prompt_lookup", "hybrid",
-    "hf_plain", "hf_assisted", "hf_assisted_k", "hf_assisted_k<K>", "hf_prompt_lookup",
+    "plain", "spec", "spec_k<K>", "adaptive", "heuristic", "prompt_lookup", "prompt_lookup_adaptive", "hybrid",
+    "hybrid_adaptive", "hf_plain", "hf_assisted", "hf_assisted_k", "hf_assisted_k<K>", "hf_prompt_lookup",
+    "llamacpp_plain", "llamacpp_spec", "llamacpp_spec_k<K>", "llamacpp_ngram",
 )
+# Each peer framework's own plain decoding: its speculative methods are also compared with it.
+PEER_BASELINES = {"hf": "hf_plain", "llamacpp": "llamacpp_plain"}
+BASELINES = ("plain", *PEER_BASELINES.values())
 _SPEC_K = re.compile(r"^spec_k(\d+)$")
 _HF_K = re.compile(r"^hf_assisted_k(\d+)$")
+_LLAMACPP_K = re.compile(r"^llamacpp_spec_k(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -33,7 +43,7 @@ class Method:
     """One way of decoding; `spec` is set for our engine (drafter 'none' = plain), `hf_mode` for transformers."""
 
     name: str
-    kind: str  # "specdec" or "hf"
+    kind: str  # "specdec", "hf" (transformers) or "llamacpp" (llama-server)
     description: str
     spec: SpecConfig | None = None
     hf_mode: str | None = None  # "plain", "assisted" or "prompt_lookup"
@@ -45,14 +55,16 @@ class Method:
     needs_draft_model: bool = False
     uses_draft_model: bool = False  # cost ratio from draft-model forwards (else from drafting time per token)
     requires: str | None = None  # module that must import for the method to exist
+    llamacpp_mode: str | None = None  # "plain", "spec" or "ngram"
+    llamacpp_draft_max: int | None = None  # llama-server --spec-draft-n-max (None: its default)
 
     @property
     def baseline(self) -> str:
-        return "hf_plain" if self.kind == "hf" else "plain"
+        return PEER_BASELINES.get(self.kind, "plain")
 
     @property
     def is_plain(self) -> bool:
-        return self.name in ("plain", "hf_plain")
+        return self.name in BASELINES
 
     def to_dict(self) -> dict:
         out = {
@@ -65,6 +77,8 @@ class Method:
                 "k_policy": self.spec.k_policy, "draft_p_min": self.spec.draft_p_min,
                 "lookup_min_ngram": self.spec.lookup_min_ngram, "lookup_max_ngram": self.spec.lookup_max_ngram,
             }
+        if self.llamacpp_mode is not None:
+            out["llamacpp"] = {"mode": self.llamacpp_mode, "spec_draft_n_max": self.llamacpp_draft_max}
         if self.hf_mode is not None:
             out["hf"] = {
                 "mode": self.hf_mode, "num_assistant_tokens": self.hf_num_assistant_tokens,
@@ -133,6 +147,25 @@ def expand_method(name: str, options: MethodOptions) -> list[Method]:
     if name == "hybrid":
         return [_spec_method(name, f"prompt lookup, else draft model, k={options.k}", options, drafter="hybrid",
                              num_speculative_tokens=options.k)]
+    if name in ("prompt_lookup_adaptive", "hybrid_adaptive"):
+        drafter = name.removesuffix("_adaptive")
+        what = "n-gram prompt lookup" if drafter == "prompt_lookup" else "prompt lookup, else draft model"
+        return [_spec_method(name, f"{what}, adaptive k per source (max {options.k_max})", options,
+                             drafter=drafter, num_speculative_tokens=options.k_max, k_policy="adaptive")]
+    if name == "llamacpp_plain":
+        return [Method(name, "llamacpp", "llama.cpp's llama-server, target only (llama.cpp baseline)",
+                       llamacpp_mode="plain")]
+    if name == "llamacpp_spec":
+        return [Method(name, "llamacpp", "llama-server --spec-type draft-simple, its default settings",
+                       llamacpp_mode="spec", needs_draft_model=True, uses_draft_model=True)]
+    if match := _LLAMACPP_K.match(name):
+        k = _k_of(name, match)
+        return [Method(name, "llamacpp", f"llama-server --spec-type draft-simple --spec-draft-n-max {k}",
+                       llamacpp_mode="spec", llamacpp_draft_max=k, k=k, needs_draft_model=True,
+                       uses_draft_model=True)]
+    if name == "llamacpp_ngram":
+        return [Method(name, "llamacpp", "llama-server --spec-type ngram-simple, its default settings",
+                       llamacpp_mode="ngram")]
     if name == "hf_plain":
         return [Method("hf_plain", "hf", "transformers generate, target only (HF baseline)", hf_mode="plain")]
     if name == "hf_assisted":
@@ -152,8 +185,10 @@ def expand_method(name: str, options: MethodOptions) -> list[Method]:
     raise ConfigError(f"unknown method {name!r}; choose from {', '.join(FAMILIES)} (K an integer)")
 
 
-def unavailable_reason(method: Method, has_draft_model: bool, has_hf_model: bool = True) -> str | None:
-    """Why a method cannot run here (missing module, no draft model, backend not transformers), or None."""
+def unavailable_reason(
+    method: Method, has_draft_model: bool, has_hf_model: bool = True, llamacpp_missing: str | None = None,
+) -> str | None:
+    """Why a method cannot run here (missing module, no draft model, backend not transformers, no llama-server)."""
     if method.requires:
         try:
             importlib.import_module(method.requires)
@@ -168,16 +203,20 @@ def unavailable_reason(method: Method, has_draft_model: bool, has_hf_model: bool
         return "needs a draft model (--draft)"
     if method.kind == "hf" and not has_hf_model:
         return "the backend is not a transformers model"
+    if method.kind == "llamacpp" and llamacpp_missing:
+        return llamacpp_missing
     return None
 
 
 def resolve_methods(
     text: str | None, options: MethodOptions, has_draft_model: bool | None = None, has_hf_model: bool = True,
+    llamacpp_missing: str | None = None,
 ) -> tuple[list[Method], dict[str, str]]:
     """Parse --methods (None = the default set) into runnable methods plus {skipped name: reason}.
 
-    Baselines are added when missing: `plain` always (every speedup is relative to it) and `hf_plain`
-    whenever a transformers speculative method is selected. Explicitly requested methods that cannot run
+    Baselines are added when missing: `plain` always (every speedup is relative to it), and a peer's own
+    plain decoding (`hf_plain`, `llamacpp_plain`) whenever one of its speculative methods is selected.
+    Explicitly requested methods that cannot run
     are an error; unavailable members of the default set are skipped and reported. With
     has_draft_model=None only names are checked (before any model is loaded).
     """
@@ -190,14 +229,15 @@ def resolve_methods(
         methods += expand_method(name, options)
     if not any(m.name == "plain" for m in methods):
         methods.insert(0, expand_method("plain", options)[0])
-    if any(m.kind == "hf" and not m.is_plain for m in methods) and not any(m.name == "hf_plain" for m in methods):
-        methods.append(expand_method("hf_plain", options)[0])
+    for kind, baseline in PEER_BASELINES.items():
+        if any(m.kind == kind and not m.is_plain for m in methods) and not any(m.name == baseline for m in methods):
+            methods.append(expand_method(baseline, options)[0])
     unique = list({m.name: m for m in methods}.values())
     if has_draft_model is None:
         return unique, {}
     runnable, skipped = [], {}
     for method in unique:
-        reason = unavailable_reason(method, has_draft_model, has_hf_model)
+        reason = unavailable_reason(method, has_draft_model, has_hf_model, llamacpp_missing)
         if reason is None:
             runnable.append(method)
         elif explicit and method.name in names or explicit and _family_requested(method.name, names):
@@ -208,10 +248,12 @@ def resolve_methods(
 
 
 def _family_requested(name: str, names: list[str]) -> bool:
+    if any(n.startswith("llamacpp_") for n in names) and name == "llamacpp_plain":
+        return True  # the baseline of an explicitly requested llama.cpp method
     return (name.startswith("spec_k") and "spec" in names) or (name.startswith("hf_assisted_k") and "hf_assisted_k" in names)
 
 
 __all__ = [
-    "DEFAULT_METHODS", "FAMILIES", "Method", "MethodOptions", "expand_method", "parse_k_list", "resolve_methods",
+    "BASELINES", "DEFAULT_METHODS", "FAMILIES", "PEER_BASELINES", "Method", "MethodOptions", "expand_method", "parse_k_list", "resolve_methods",
     "unavailable_reason",
 ]

@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 
 from ..metrics import SpecStats, leviathan_speedup
+from .methods import BASELINES, PEER_BASELINES
 from .runner import stats_from_raw
 
 
@@ -43,11 +44,15 @@ def _method_summary(method: dict, runs: list[dict], scope_runs: list[dict]) -> d
     tokens = sum(r["generated_tokens"] for r in runs)
     seconds = sum(r["seconds"] for r in runs)
     stats = _merged_stats(runs)
+    prefill = sum(r["stats"].get("prefill_seconds", 0.0) for r in runs)
     out: dict = {
         "runs": len(runs),
         "generated_tokens": tokens,
         "seconds": round(seconds, 4),
         "tokens_per_second": round(tokens / seconds, 3) if seconds > 0 else 0.0,
+        # Without the prompt prefill (identical work for every method of a framework): the decoding itself.
+        "prefill_seconds": round(prefill, 4),
+        "decode_tokens_per_second": round(tokens / (seconds - prefill), 3) if 0 < prefill < seconds else None,
         "mean_tokens_per_run": round(tokens / len(runs), 2) if runs else 0.0,
         "num_drafts": stats.num_drafts,
         "num_draft_tokens": stats.num_draft_tokens,
@@ -55,8 +60,11 @@ def _method_summary(method: dict, runs: list[dict], scope_runs: list[dict]) -> d
         "num_target_forwards": stats.num_target_forwards,
     }
     drafting = stats.num_drafts > 0
-    out["acceptance_rate"] = round(stats.acceptance_rate, 4) if drafting else None
-    out["mean_acceptance_length"] = round(stats.mean_acceptance_length, 4)  # incl. bonus; 1.0 without drafts
+    # llama-server reports drafted and accepted tokens but not how many drafts: no mean length for it.
+    out["acceptance_rate"] = round(stats.acceptance_rate, 4) if stats.num_draft_tokens else None
+    out["mean_acceptance_length"] = (
+        round(stats.mean_acceptance_length, 4) if drafting or not stats.num_draft_tokens else None
+    )  # incl. bonus; 1.0 without drafts
     out["acceptance_rate_per_pos"] = [round(x, 4) for x in stats.acceptance_rate_per_pos]
     out["num_accepted_tokens_per_pos"] = list(stats.num_accepted_tokens_per_pos)
     out["num_drafts_per_pos"] = list(stats.num_drafts_per_pos)
@@ -66,7 +74,7 @@ def _method_summary(method: dict, runs: list[dict], scope_runs: list[dict]) -> d
     )
 
     # Cost ratio c against the single-token target forward of the matching plain baseline.
-    baseline = "hf_plain" if method["kind"] == "hf" else "plain"
+    baseline = PEER_BASELINES.get(method["kind"], "plain")
     t_single = _single_forward_seconds(scope_runs, baseline) or _single_forward_seconds(scope_runs, "plain")
     out["target_single_forward_ms"] = _round(t_single * 1000 if t_single else None, 3)
     draft_calls = sum(r["draft_forwards"]["short_calls"] for r in runs)
@@ -112,7 +120,7 @@ def _method_summary(method: dict, runs: list[dict], scope_runs: list[dict]) -> d
         out["k_for_bound"] = out["leviathan_bound"] = out["expected_tokens_per_step"] = None
         out["cost_model_bound"] = None
 
-    for key in ("identical_to_plain", "identical_to_hf_plain"):
+    for key in (f"identical_to_{b}" for b in BASELINES):
         flags = [r[key] for r in runs if r.get(key) is not None]
         if flags:
             out[key] = all(flags)
@@ -133,9 +141,12 @@ def _scope_summary(methods: list[dict], runs: list[dict]) -> dict:
             table[method["name"]] = _method_summary(method, mine, runs)
     plain_runs = {(r["task"], r["prompt_id"], r["repeat"]): r for r in runs if r["method"] == "plain"}
     for name, row in table.items():
-        for key, baseline in (("speedup", "plain"), ("speedup_vs_hf_plain", "hf_plain")):
+        for baseline in BASELINES:
+            key = "speedup" if baseline == "plain" else f"speedup_vs_{baseline}"
             base = table.get(baseline, {}).get("tokens_per_second")
-            if key == "speedup_vs_hf_plain" and not name.startswith("hf_"):
+            # transformers' methods are also compared with hf_plain; every method with llama.cpp's plain
+            # decoding, what a llama.cpp user would otherwise run.
+            if baseline == "hf_plain" and not name.startswith("hf_"):
                 continue
             row[key] = round(row["tokens_per_second"] / base, 4) if base else None
         # Per-prompt speedups vary; their geometric mean is the Spec-Bench-style robust figure.
@@ -159,6 +170,7 @@ def summarise(results: dict) -> dict:
         "definitions": {
             "speedup": "tokens/s over plain decoding (our engine, no drafter) on the same weights, same run",
             "speedup_vs_hf_plain": "tokens/s over transformers' own plain generate (hf_plain)",
+            "speedup_vs_llamacpp_plain": "tokens/s over llama.cpp's llama-server plain decoding of the same GGUF",
             "speedup_geomean": "geometric mean over prompts of per-prompt speedup over plain",
             "mean_acceptance_length": "1 + accepted/drafts: tokens per target pass INCLUDING the bonus token",
             "acceptance_rate": "accepted draft tokens / drafted tokens",
@@ -185,21 +197,31 @@ def _identical_cell(row: dict) -> str:
     cells = []
     if row.get("identical_to_plain") is not None:
         cells.append(f"{_fmt(row['identical_to_plain'])} ({row['num_identical_to_plain']})")
-    if row.get("identical_to_hf_plain") is not None:
-        cells.append(f"vs hf_plain {_fmt(row['identical_to_hf_plain'])} ({row['num_identical_to_hf_plain']})")
+    for baseline in BASELINES[1:]:
+        if row.get(f"identical_to_{baseline}") is not None:
+            cells.append(f"vs {baseline} {_fmt(row[f'identical_to_{baseline}'])} "
+                         f"({row[f'num_identical_to_{baseline}']})")
     return "; ".join(cells) if cells else ("baseline" if row.get("is_baseline") else "–")
 
 
+def _peer_columns(summary: dict) -> list[str]:
+    """The peer baselines present in this run (their speedup columns are shown)."""
+    return [b for b in BASELINES[1:] if b in summary["overall"]]
+
+
 def method_table(summary: dict) -> str:
+    peers = _peer_columns(summary)
     lines = [
-        ("| method | tok/s | speedup vs plain | vs hf_plain | accept rate | mean accept len (incl. bonus) "
+        ("| method | tok/s | decode tok/s | speedup vs plain | " + "".join(f"vs {b} | " for b in peers)
+         + "accept rate | mean accept len (incl. bonus) "
         "| k (mean) | c | verify cost | Leviathan bound | bound at verify cost | greedy identical |"),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|" + "---:|" * len(peers) + "---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, row in summary["overall"].items():
+        peer_cells = "".join(f"| {_fmt(row.get(f'speedup_vs_{b}'), '.2f', 'x')} " for b in peers)
         lines.append(
-            f"| {name} | {_fmt(row['tokens_per_second'])} | {_fmt(row.get('speedup'), '.2f', 'x')} "
-            f"| {_fmt(row.get('speedup_vs_hf_plain'), '.2f', 'x')} | {_fmt(row['acceptance_rate'], '.3f')} "
+            f"| {name} | {_fmt(row['tokens_per_second'])} | {_fmt(row.get('decode_tokens_per_second'))} "
+            f"| {_fmt(row.get('speedup'), '.2f', 'x')} {peer_cells}| {_fmt(row['acceptance_rate'], '.3f')} "
             f"| {_fmt(row['mean_acceptance_length'], '.2f')} | {_fmt(row['mean_k'], '.1f')} "
             f"| {_fmt(row['cost_ratio'], '.3f')} | {_fmt(row.get('verify_cost'), '.2f')} "
             f"| {_fmt(row['leviathan_bound'], '.2f', 'x')} | {_fmt(row.get('cost_model_bound'), '.2f', 'x')} "
@@ -208,16 +230,19 @@ def method_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def task_table(summary: dict) -> str:
-    """Spec-Bench style: speedup over plain per task, overall, and mean acceptance length."""
+def task_table(summary: dict, baseline: str = "plain") -> str:
+    """Spec-Bench style: speedup over `baseline` per task, overall, and mean acceptance length."""
+    key = "speedup" if baseline == "plain" else f"speedup_vs_{baseline}"
     tasks = summary["tasks"]
     header = "| method | " + " | ".join(tasks) + " | overall | mean accept len (incl. bonus) | tok/s |"
     lines = [header, "|---|" + "---:|" * (len(tasks) + 3)]
     for name, row in summary["overall"].items():
-        cells = [_fmt(summary["per_task"][t].get(name, {}).get("speedup"), ".2f", "x") for t in tasks]
+        if row.get(key) is None:
+            continue
+        cells = [_fmt(summary["per_task"][t].get(name, {}).get(key), ".2f", "x") for t in tasks]
         lines.append(
             f"| {name} | " + " | ".join(cells)
-            + f" | {_fmt(row.get('speedup'), '.2f', 'x')} | {_fmt(row['mean_acceptance_length'], '.2f')} "
+            + f" | {_fmt(row.get(key), '.2f', 'x')} | {_fmt(row['mean_acceptance_length'], '.2f')} "
             f"| {_fmt(row['tokens_per_second'])} |"
         )
     return "\n".join(lines)
@@ -232,7 +257,7 @@ def task_acceptance_table(summary: dict) -> str:
         for t in tasks:
             row = summary["per_task"][t].get(name)
             cells.append("–" if not row or row["acceptance_rate"] is None
-                         else f"{row['acceptance_rate']:.3f} / {row['mean_acceptance_length']:.2f}")
+                         else f"{row['acceptance_rate']:.3f} / {_fmt(row['mean_acceptance_length'])}")
         if any(c != "–" for c in cells):
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -258,7 +283,7 @@ def mismatch_lines(results: dict, limit: int = 30) -> list[str]:
              "|---|---|---|---:|---|---|"]
     count = 0
     for run in results["runs"]:
-        for baseline in ("plain", "hf_plain"):
+        for baseline in BASELINES:
             detail = run.get(f"mismatch_to_{baseline}")
             if not detail:
                 continue
@@ -310,6 +335,12 @@ def to_markdown(results: dict) -> str:
         "## Speedup per task (Spec-Bench style)",
         "",
         task_table(summary),
+        *([
+            "",
+            "## Speedup per task over llama.cpp's plain decoding (llama-server, same GGUF, same threads)",
+            "",
+            task_table(summary, "llamacpp_plain"),
+        ] if "llamacpp_plain" in summary["overall"] else []),
         "",
         task_acceptance_table(summary),
         "",
@@ -320,7 +351,7 @@ def to_markdown(results: dict) -> str:
                   positions, ""]
     lines += [
         ("Speedup = tokens/s over `plain` (our engine without a drafter, same weights, same run); tokens/s = "
-        "generated tokens / wall time incl. prefill. Mean acceptance length = 1 + accepted/drafts: tokens per "
+        "generated tokens / wall time incl. prefill; decode tok/s leaves the prompt prefill out. Mean acceptance length = 1 + accepted/drafts: tokens per "
         "target pass **including the bonus token** (plain = 1.00). c = draft forward / target single-token "
         "forward (drafting time per drafted token for model-free drafters). Leviathan bound = "
         "(1 - a^(k+1)) / ((1 - a)(k c + 1)) from the measured a, k and c; it assumes verifying k+1 tokens "
@@ -329,7 +360,7 @@ def to_markdown(results: dict) -> str:
         "equal to `plain` on every prompt (transformers' methods also against `hf_plain`)."),
     ]
     mismatched = [n for n, r in summary["overall"].items()
-                  if r.get("identical_to_plain") is False or r.get("identical_to_hf_plain") is False]
+                  if any(r.get(f"identical_to_{b}") is False for b in BASELINES)]
     if mismatched:
         lines += ["", f"**Warning:** greedy output differs from the baseline for: {', '.join(mismatched)}.", ""]
         lines += mismatch_lines(results)

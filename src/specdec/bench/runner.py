@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from ..config import SamplingParams
 from ..metrics import SpecStats
 from .datasets import BenchPrompt
-from .methods import Method
+from .methods import BASELINES, Method
 
 # Draft forwards of at most this many tokens are decode steps (the catch-up of 1-2 tokens, then 1 each);
 # longer ones are the draft's prompt prefill and are left out of the cost ratio.
@@ -116,6 +116,7 @@ class BenchConfig:
     chat: bool | None = None  # None: the tokenizer's chat template when it has one
     rotate: bool = True
     extra: dict = field(default_factory=dict)  # recorded in results["config"] (model names, CLI flags...)
+    llamacpp_bin: str | None = None  # folder of llama-server for the llamacpp_* peers (None: the default place)
 
 
 @dataclass
@@ -141,11 +142,16 @@ class BenchRunner:
         self.draft_probe = make_probe(decoder.draft)
         tokenizer = decoder.tokenizer
         self.pad_token_id = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        self.peers = None
+        if any(m.kind == "llamacpp" for m in config.methods):
+            self.peers = llamacpp_peers(decoder, config.llamacpp_bin)
 
     def close(self) -> None:
         for probe in (self.target_probe, self.draft_probe):
             if probe is not None:
                 probe.close()
+        if self.peers is not None:
+            self.peers.close()
 
     # -- one call -----------------------------------------------------------------------------------------
 
@@ -156,6 +162,11 @@ class BenchRunner:
             generation = engine.generate(prompt_ids, params)
             seconds = time.perf_counter() - began
             return _Outcome(generation.tokens, seconds, generation.finish_reason, generation.stats)
+        if method.kind == "llamacpp":
+            from .llamacpp_peer import PeerConfig
+
+            run = self.peers.run(PeerConfig(method.llamacpp_mode, method.llamacpp_draft_max), prompt_ids, params)
+            return _Outcome(run.tokens, run.seconds, run.finish_reason, run.stats, run.settings)
         from .hf_peer import hf_generate
 
         run = hf_generate(
@@ -200,7 +211,7 @@ class BenchRunner:
             },
         }
         if outcome.settings:
-            record["hf_settings"] = outcome.settings
+            record[f"{method.kind}_settings"] = outcome.settings
         return record, list(outcome.tokens)
 
     # -- the whole benchmark ------------------------------------------------------------------------------
@@ -213,7 +224,7 @@ class BenchRunner:
     def _describe_mismatches(self, batch: list[dict], tokens: dict[str, list[int]]) -> None:
         """For a greedy mismatch keep both token lists and the first differing tokens as text, to debug it."""
         for record in batch:
-            for baseline in ("plain", "hf_plain"):
+            for baseline in BASELINES:
                 index = record.get(f"first_mismatch_to_{baseline}")
                 if index is None:
                     continue
@@ -315,8 +326,10 @@ def _mark_identical(batch: list[dict], tokens: dict[str, list[int]], greedy: boo
     """Greedy decoding is lossless only if every method reproduces the baseline token for token."""
     for record in batch:
         name = record["method"]
-        for key, baseline in (("identical_to_plain", "plain"), ("identical_to_hf_plain", "hf_plain")):
-            if name == baseline or baseline not in tokens or (baseline == "hf_plain" and not name.startswith("hf_")):
+        for baseline in BASELINES:
+            key = f"identical_to_{baseline}"
+            peer = baseline != "plain" and not name.startswith(baseline.removesuffix("plain"))
+            if name == baseline or baseline not in tokens or peer:
                 continue
             if not greedy:
                 record[key] = None  # sampled outputs differ by design; losslessness is a distribution test
@@ -423,6 +436,26 @@ def environment(decoder, weight_format: str | None = None) -> dict:
         "target": describe(decoder.target),
         "draft": describe(decoder.draft),
     }
+
+
+def llamacpp_peers(decoder, bin_dir: str | None):
+    """The llama-server pool for this decoder's GGUF files, on the same threads and context as our target."""
+    from .llamacpp_peer import PeerPool, binaries_dir, missing_reason
+
+    folder = binaries_dir(bin_dir)
+    target_gguf = getattr(decoder.target, "gguf_path", None)
+    reason = missing_reason(folder, target_gguf)
+    if reason:
+        raise ValueError(f"llama.cpp peers cannot run: {reason}")
+    threads = getattr(decoder.target, "threads", None) or _torch_threads()
+    return PeerPool(folder, target_gguf, getattr(decoder.draft, "gguf_path", None), threads,
+                    decoder.target.max_context)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _cpu_model() -> str | None:
