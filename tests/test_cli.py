@@ -139,7 +139,7 @@ def test_version(capsys):
 def test_generate_json_end_to_end(tiny_pair, tmp_path):
     target, draft, _ = tiny_pair
     proc = _spawn(
-        ["generate", target, "--draft", draft, "--max-tokens", "8", "--no-chat", "--json", "-k", "3",
+        ["generate", target, "--draft", draft, "--max-tokens", "8", "--no-chat", "--json", "-k", "3", "--k-policy", "fixed",
          "--prompt", "w5 w6 w7 w8", "--ignore-eos"],
         tmp_path,
     )

@@ -316,7 +316,8 @@ def test_cli_generate_on_llama_cpp(gguf_dir, tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     code = main(["generate", str(gguf_dir["target"]), "--draft", str(gguf_dir["draft"]), "--max-tokens", "12",
-                 "--no-chat", "--json", "-k", "3", "--prompt", "def f(x):", "--ignore-eos", "--threads", "1"])
+                 "--no-chat", "--json", "-k", "3", "--k-policy", "fixed", "--prompt", "def f(x):", "--ignore-eos",
+                 "--threads", "1"])
     out = capsys.readouterr()
     assert code == 0, out.err
     report = json.loads(out.out)

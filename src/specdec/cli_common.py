@@ -45,11 +45,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-speculative-tokens", "-k", "--draft-max", dest="k", type=int, default=5,
-                        help="draft tokens per step (the maximum, for adaptive policies); default 5")
+                        help="draft tokens per step (the maximum, for the adaptive policy); default 5")
     parser.add_argument("--drafter", default=None,
                         help="drafter name (default: draft_model when a draft model is given)")
-    parser.add_argument("--k-policy", choices=("fixed", "adaptive", "heuristic"), default="fixed",
-                        help="how k is chosen per step: fixed, adaptive (cost model), heuristic (HF's +2/-1)")
+    parser.add_argument("--k-policy", choices=("fixed", "adaptive", "heuristic"), default="adaptive",
+                        help="how k is chosen per step: adaptive (default: a cost model of measured acceptance and "
+                        "timings, k from 0 up to -k; k = 0 when drafting does not pay on this machine), fixed, or "
+                        "heuristic (transformers' +2/-1)")
     parser.add_argument("--draft-p-min", type=float, default=0.0,
                         help="stop drafting when the draft's top probability falls below this (default 0: off)")
 

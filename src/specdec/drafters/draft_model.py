@@ -19,7 +19,9 @@ class DraftModelDrafter:
     propose() first feeds whatever the cache is missing (the recovered/bonus token, and after a
     fully accepted draft, the last draft token) in one forward. The prompt is fed lazily by the first
     propose(), so a request whose policy never drafts (k = 0 on a compute-bound CPU, or prompt lookup
-    always matching in the hybrid) never pays for it; such longer catch-ups are timed apart from drafting.
+    always matching in the hybrid) never pays for it. That first catch-up is timed apart from drafting
+    (Draft.catchup_seconds: a one-off); later ones, after steps this drafter sat out, are part of what
+    drafting costs and stay in Draft.seconds, so the k policy sees them.
     """
 
     name = "draft_model"
@@ -31,6 +33,7 @@ class DraftModelDrafter:
         self.spec = spec or SpecConfig()
         self.cache = None
         self._fed_draft = 0  # draft tokens written to the cache by the last propose()
+        self._prompt_fed = False  # whether this request's first catch-up (the prompt) has happened
 
     def begin(self, prompt: Sequence[int], params: SamplingParams, generator: torch.Generator) -> None:
         self.params = params
@@ -39,6 +42,7 @@ class DraftModelDrafter:
             self.cache = self.backend.new_cache(self.backend.max_context)
         self.cache.trim(self.cache.length)
         self._fed_draft = 0
+        self._prompt_fed = False
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         began = time.perf_counter()
@@ -52,7 +56,9 @@ class DraftModelDrafter:
             # More than the usual 1-2 tokens behind: feed the backlog as its own (prefill-like) forward.
             self.backend.forward(pending[:-1], self.cache, num_logits=1)
             pending = pending[-1:]
-            catchup = time.perf_counter() - began
+            if not self._prompt_fed:
+                catchup = time.perf_counter() - began
+        self._prompt_fed = True
         logits = self.backend.forward(pending, self.cache, num_logits=1)[-1]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
