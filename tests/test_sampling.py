@@ -178,3 +178,13 @@ def test_make_generator_seed_none_is_fresh_entropy():
     b = [sample_token(torch.full((1000,), 1e-3), make_generator(7)) for _ in range(5)]
     assert len(set(b)) == 1  # same seed each time
     assert len(set(a)) > 1  # astronomically unlikely to collide five times
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 5e-324, 1e-20])
+def test_vanishing_temperature_is_the_greedy_limit_not_nan(temperature):
+    # Before the max-shift, logits / 1e-39 overflowed to inf and softmax gave NaN (a 500 in the server).
+    logits = torch.tensor([[3.0, 30.0, -2.0, 29.9], [0.5, -1.0, 0.25, 0.0]])
+    probs = probabilities(logits, SamplingParams(temperature=temperature))
+    assert torch.isfinite(probs).all()
+    assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 4).float())
+    assert sample_token(probs[0], torch.Generator().manual_seed(0)) == 1

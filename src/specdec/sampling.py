@@ -16,7 +16,15 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """
     if params.greedy:
         raise ValueError("greedy sampling has no distribution; use greedy_tokens()")
-    scores = logits.float() / params.temperature
+    scores = logits.float()
+    # Shift so the largest score is 0 before dividing: softmax is unchanged, and a temperature as small
+    # as 1e-39 gives -inf, not inf - inf = NaN: the T -> 0 limit, greedy. A temperature float32 cannot
+    # hold (below ~1.2e-38, which would round to 0 and give 0 / 0) is applied in float64.
+    scores = scores - scores.amax(dim=-1, keepdim=True)
+    if params.temperature < torch.finfo(torch.float32).tiny:
+        scores = (scores.double() / params.temperature).float()
+    else:
+        scores = scores / params.temperature
     if params.top_k and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
