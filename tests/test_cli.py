@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import save_tiny_model, tiny_llama, tiny_tokenizer
-from specdec.cli import main
+from specdec.cli import build_parser, main
 
 
 def _env(tmp_path) -> dict:
@@ -187,3 +187,17 @@ def test_request_that_exactly_fits_the_context_runs(tiny_pair, capsys):
     assert code == 0, captured.err
     report = json.loads(captured.out)
     assert report["prompt_tokens"] == 14 and report["stats"]["num_generated_tokens"] == 1
+
+
+def test_backend_flags_reach_the_model_reference():
+    from specdec.cli_common import model_ref_from_args
+
+    args = build_parser().parse_args(["generate", "m.gguf", "--backend", "llama.cpp", "--threads", "3",
+                                      "--no-batch-invariance"])
+    ref = model_ref_from_args(args)
+    assert (ref.backend, ref.threads, ref.batch_invariant) == ("llama.cpp", 3, False)
+    ref = model_ref_from_args(build_parser().parse_args(["generate", "m.gguf"]))
+    assert (ref.backend, ref.threads, ref.batch_invariant, ref.weight_format) == ("auto", None, True, "fp32")
+    # A weight format is a torch conversion: under auto it selects torch.
+    ref = model_ref_from_args(build_parser().parse_args(["generate", "m.gguf", "--weight-format", "int8"]))
+    assert (ref.backend, ref.weight_format) == ("torch", "int8")

@@ -28,6 +28,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU threads for llama.cpp and torch (default: the CPUs this process may run on)",
     )
     parser.add_argument(
+        "--no-batch-invariance", dest="batch_invariant", action="store_false",
+        help="llama.cpp target: use llama.cpp's fastest kernels (repacked weights, tiled matmul, flash attention), "
+        "which compute a row differently in a batch than alone, so greedy output may differ from plain decoding "
+        "at near-ties (as llama.cpp's own speculative decoding does). Default: batch-invariant, lossless",
+    )
+    parser.add_argument(
         "--weight-format", "--dtype", dest="weight_format", choices=WEIGHT_FORMATS, default=None,
         help="torch backend: weights for both models (default fp32, oneDNN-packed); giving it selects torch "
         "under --backend auto. int8 (dynamic, per-row activations) is faster on CPU but its activation "
@@ -84,7 +90,7 @@ def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
     return ModelRef(
         target=target, draft=draft, weight_format=args.weight_format or "fp32", max_context=args.max_context,
         draft_weight_format=None if draft_format == "same" else draft_format, backend=backend,
-        threads=getattr(args, "threads", None),
+        threads=getattr(args, "threads", None), batch_invariant=getattr(args, "batch_invariant", True),
     )
 
 

@@ -109,6 +109,10 @@ class ModelRef:
     draft_weight_format: str | None = "int8"  # None: same as weight_format
     backend: str = "auto"  # one of BACKENDS; weight formats apply to torch only (GGUF weights run as stored)
     threads: int | None = None  # CPU threads for llama.cpp and torch; None: the CPUs this process may use
+    # llama.cpp target: compute every row exactly as it would be computed alone (the lossless greedy
+    # contract). False takes llama.cpp's fastest, batch-dependent kernels: greedy output may then differ
+    # from plain decoding at near-ties, as llama.cpp's own speculative decoding does.
+    batch_invariant: bool = True
 
     def __post_init__(self) -> None:
         _check(bool(self.target), "a target model is required")

@@ -185,19 +185,23 @@ def load_backend(
     role: str = "model",
     backend: str = "auto",
     threads: int | None = None,
+    batch_invariant: bool = True,
 ):
     """Load one model (tokenizer + weights) on the chosen runtime and wrap it as a ModelBackend.
 
     role "target" (and "model") also loads the tokenizer; the llama.cpp target is batch-invariant
-    (rows bit-identical alone or batched), which the lossless greedy contract needs; drafts are not.
+    (rows bit-identical alone or batched, which the lossless greedy contract needs) unless
+    batch_invariant=False; drafts never need to be.
     """
     resolved = resolve(reference)
     if choose_backend(backend, resolved) == "llama.cpp":
-        return _load_llamacpp(resolved, reference, max_context, role, threads)
+        return _load_llamacpp(resolved, reference, max_context, role, threads, batch_invariant and role != "draft")
     return _load_torch(reference, resolved, weight_format, max_context, role, threads)
 
 
-def _load_llamacpp(resolved: ResolvedModel, reference: str, max_context: int, role: str, threads: int | None):
+def _load_llamacpp(
+    resolved: ResolvedModel, reference: str, max_context: int, role: str, threads: int | None, batch_invariant: bool
+):
     from .backends.llamacpp_backend import LlamaCppBackend
     from .gguf_tokenizer import TokenizerBuildError, load_gguf_tokenizer
 
@@ -208,7 +212,7 @@ def _load_llamacpp(resolved: ResolvedModel, reference: str, max_context: int, ro
             tokenizer = load_gguf_tokenizer(path, cache_dir())
         return LlamaCppBackend(
             path, name=resolved.label or reference, max_context=max_context, threads=threads,
-            batch_invariant=role != "draft", tokenizer=tokenizer,
+            batch_invariant=batch_invariant, tokenizer=tokenizer,
         )
     except (ValueError, OSError, TokenizerBuildError) as exc:
         raise ModelLoadError(f"could not load {role} model {reference!r} with llama.cpp: {exc}") from exc
@@ -323,11 +327,12 @@ def load_pair(
     draft_weight_format: str | None = None,
     backend: str = "auto",
     threads: int | None = None,
+    batch_invariant: bool = True,
 ):
     """Load target and draft ('default' = the packaged pair) and check they share a vocabulary."""
     target = "default-target" if target == "default" else target
     draft = "default-draft" if draft == "default" else draft
-    target_backend = load_backend(target, weight_format, max_context, "target", backend, threads)
+    target_backend = load_backend(target, weight_format, max_context, "target", backend, threads, batch_invariant)
     if draft is None:
         return target_backend, None
     draft_backend = load_backend(draft, draft_weight_format or weight_format, max_context, "draft", backend, threads)
