@@ -259,3 +259,25 @@ def test_prompt_lookup_names_its_source_by_match_length():
     assert drafter.next_source([1, 2, 3, 4, 9, 2, 3]) == "ngram2"
     assert drafter.next_source([1, 2, 3, 4, 9, 2, 3, 7, 1, 2, 3]) == "ngram3"
     assert drafter.propose([1, 2, 3, 4, 9, 2, 3, 7, 1, 2, 3], 2).tokens == [4, 9]
+
+
+def test_catch_up_is_charged_only_to_explorations_from_k0():
+    def verify(size):
+        return 1.0 + 0.6 * (size - 1)
+
+    # The prior draft's catch-up (a draft model reading the prompt) is a one-off: not a per-token cost.
+    policy = AdaptiveK(4, explore_every=2)
+    k = policy.next_k()
+    policy.update(k, k, 0.05 * k, verify(k + 1), catchup_seconds=50.0)
+    assert policy.draft_cost == pytest.approx(0.05)
+    # Drive it to k = 0 with rejections, then let it explore: that exploration pays for its catch-up.
+    for _ in range(40):
+        k = policy.next_k()
+        explored = policy._explored_from == 0
+        policy.update(k, 0, 0.05 * k, verify(k + 1), catchup_seconds=50.0 if k else 0.0)
+        if explored and k > 0:
+            break
+    else:
+        pytest.fail("the policy never explored from k = 0")
+    assert policy.draft_cost > 1.0 and not policy.drafting_could_pay()
+    assert all(policy.next_k() == 0 for _ in range(200))

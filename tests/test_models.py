@@ -232,3 +232,24 @@ def test_check_vocab_compatible():
         check_vocab_compatible(_backend(small, None, "t"), _backend(big, None, "d"))
     # a draft scoring fewer ids than the target (padded target head) is allowed
     check_vocab_compatible(_backend(big, None, "t"), _backend(small, None, "d"))
+
+
+def test_default_model_ref_loads_the_packaged_pair(monkeypatch):
+    # SpecDecoder.load() with ModelRef() used to look for a model named "default" (issue 8, item 9).
+    from specdec.config import ModelRef
+    from specdec.pipeline import SpecDecoder
+
+    loaded = []
+
+    class Fake:
+        def __init__(self, reference):
+            self.name, self.vocab_size, self.tokenizer = reference, 10, None
+
+    def fake_load_backend(reference, weight_format, max_context, role, backend, threads, batch_invariant=True):
+        loaded.append((reference, role, backend))
+        return Fake(reference)
+
+    monkeypatch.setattr(models, "load_backend", fake_load_backend)
+    decoder = SpecDecoder.load(ModelRef())
+    assert loaded == [("default-target", "target", "auto"), ("default-draft", "draft", "auto")]
+    assert decoder.draft is not None and decoder.spec.drafter == "draft_model"

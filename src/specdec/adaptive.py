@@ -103,8 +103,17 @@ class AdaptiveK:
 
     # ----- learning -------------------------------------------------------------------------
 
-    def update(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float) -> None:
-        """Feed one engine step: draft length, accepted prefix length, and the time each side took."""
+    def update(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float,
+               catchup_seconds: float = 0.0) -> None:
+        """Feed one engine step: draft length, accepted prefix length, and the time each side took.
+
+        A drafter's one-off catch-up (a draft model first reading the prompt) is left out of the
+        per-token drafting cost, except on a step that explored drafting while k = 0 was best: that
+        exploration is what made the catch-up happen, so it is charged, and a drafter that is slow to
+        bring back into play stops being explored.
+        """
+        if self._explored_from == 0:
+            draft_seconds += catchup_seconds
         num_proposed = max(0, min(num_proposed, self.max_k))
         num_accepted = max(0, min(num_accepted, num_proposed))
         if target_seconds > 0:

@@ -164,7 +164,8 @@ class SpeculativeEngine:
                 if drafter is not None and proposed:
                     drafter.accepted(verdict.num_accepted, len(proposed))
                 if policy is not None:
-                    policy.update(len(proposed), verdict.num_accepted, draft.seconds, target_seconds)
+                    policy.update(len(proposed), verdict.num_accepted, draft.seconds, target_seconds,
+                                  draft.catchup_seconds)
                 stats.record_step(len(proposed), verdict.num_accepted)
 
                 new_tokens = proposed[: verdict.num_accepted] + [verdict.next_token]

@@ -8,7 +8,10 @@ from typing import Protocol
 class KPolicy(Protocol):
     def next_k(self) -> int: ...
 
-    def update(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float) -> None: ...
+    def update(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float,
+               catchup_seconds: float = 0.0) -> None:
+        """Learn from one step; catchup_seconds is what the drafter spent first feeding context it had not seen."""
+        ...
 
 
 class FixedK:
@@ -20,7 +23,8 @@ class FixedK:
     def next_k(self) -> int:
         return self.k
 
-    def update(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float) -> None:
+    def update(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float,
+               catchup_seconds: float = 0.0) -> None:
         pass
 
 
@@ -34,7 +38,8 @@ class HeuristicK:
     def next_k(self) -> int:
         return self.k
 
-    def update(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float) -> None:
+    def update(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float,
+               catchup_seconds: float = 0.0) -> None:
         if num_proposed == 0:
             return
         if num_accepted == num_proposed:

@@ -6,7 +6,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-from ..kvcache import KVCache
+from ..kvcache import ContextOverflowError, KVCache
 
 
 @runtime_checkable
@@ -23,3 +23,18 @@ class ModelBackend(Protocol):
     def forward(self, tokens: Sequence[int], cache: KVCache, num_logits: int = 1) -> torch.Tensor:
         """Append tokens to the cache and return logits [num_logits, vocab] for the last num_logits positions."""
         ...
+
+
+def forward_rows(tokens: Sequence[int], cache: KVCache, num_logits: int, name: str) -> int:
+    """Check a forward call against the cache (every backend's one rule) and return the logits rows to give.
+
+    Raises ValueError for no tokens and ContextOverflowError when the tokens do not fit in the cache.
+    """
+    n = len(tokens)
+    if n == 0:
+        raise ValueError("forward needs at least one token")
+    if cache.length + n > cache.capacity:
+        raise ContextOverflowError(
+            f"{cache.length + n} tokens exceed the context of {cache.capacity} tokens for {name}"
+        )
+    return max(1, min(num_logits, n))

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ..kvcache import ContextOverflowError
+from .base import forward_rows
 
 # The tiled K-quant matmul engages at 8 rows (ggml-cpu/tiled/tiled.cpp: ggml_tiled_min_batch).
 INVARIANT_ROWS = 7
@@ -225,15 +226,8 @@ class LlamaCppBackend:
 
     def forward(self, tokens: Sequence[int], cache: LlamaCppSequence, num_logits: int = 1) -> torch.Tensor:
         """Append tokens to cache; return float32 logits [num_logits, vocab] for the last num_logits positions."""
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("forward needs at least one token")
-        start = cache.length
-        if start + n > cache.capacity:
-            raise ContextOverflowError(
-                f"{start + n} tokens exceed the context of {cache.capacity} tokens for {self.name}"
-            )
-        num_logits = max(1, min(num_logits, n))
+        num_logits = forward_rows(tokens, cache, num_logits, self.name)
+        n, start = len(tokens), cache.length
         began = time.perf_counter()
         first_output = n - num_logits
         rows: list[np.ndarray] = []

@@ -9,7 +9,8 @@ from typing import Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from ..kvcache import ContextOverflowError, PreallocatedKV
+from ..kvcache import PreallocatedKV
+from .base import forward_rows
 
 
 class _PointerLayer(DynamicLayer):
@@ -96,15 +97,8 @@ class TransformersBackend:
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], cache: PointerCache, num_logits: int = 1) -> torch.Tensor:
         """Append tokens to cache; return float logits [num_logits, vocab] for the last positions."""
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("forward needs at least one token")
-        start = cache.length
-        if start + n > cache.capacity:
-            raise ContextOverflowError(
-                f"{start + n} tokens exceed the context of {cache.capacity} tokens for {self.name}"
-            )
-        num_logits = max(1, min(num_logits, n))
+        num_logits = forward_rows(tokens, cache, num_logits, self.name)
+        n, start = len(tokens), cache.length
         began = time.perf_counter()
         input_ids = torch.as_tensor([list(tokens)], dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + n, device=self.device).unsqueeze(0)
