@@ -105,24 +105,27 @@ def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
 
         torch.set_num_threads(args.threads)
     ref = model_ref_from_args(args)
+    loaded_here = decoder is None  # only then do the model references describe the decoder
     if decoder is None:
         from ..pipeline import SpecDecoder
 
         print(f"loading {ref.target} (draft: {ref.draft or 'none'}, backend {ref.backend})", file=sys.stderr, flush=True)
         decoder = SpecDecoder.load(ref)
-    from .llamacpp_peer import binaries_dir, missing_reason
+    from .llamacpp_peer import PeerError, binaries_dir, gguf_files, missing_reason
 
+    ggufs = gguf_files(decoder, ref.target, ref.draft) if loaded_here else gguf_files(decoder)
     methods, skipped = resolve_methods(
         args.methods, method_options(args), has_draft_model=decoder.draft is not None,
         has_hf_model=getattr(decoder.target, "model", None) is not None,
-        llamacpp_missing=missing_reason(binaries_dir(args.llamacpp_bin), getattr(decoder.target, "gguf_path", None)),
+        llamacpp_missing=missing_reason(binaries_dir(args.llamacpp_bin), ggufs[0]),
+        llamacpp_draft_missing=None if ggufs[1] is not None else "the draft is not a GGUF file",
     )
     on_torch = getattr(decoder.target, "model", None) is not None
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
     config = BenchConfig(
         methods=methods, params=sampling_from_args(args), repeats=args.repeats, warmup=args.warmup, chat=args.chat,
-        llamacpp_bin=args.llamacpp_bin,
+        llamacpp_bin=args.llamacpp_bin, llamacpp_gguf=ggufs,
         extra={
             "target": ref.target, "draft": ref.draft,
             "weight_format": ref.weight_format if on_torch else "GGUF as stored (llama.cpp)",
@@ -133,7 +136,10 @@ def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
     )
     print(f"benchmarking {len(methods)} methods on {len(prompts)} prompts "
           f"({', '.join(m.name for m in methods)})", file=sys.stderr, flush=True)
-    results = run_bench(decoder, prompts, config, log=log)
+    try:
+        results = run_bench(decoder, prompts, config, log=log)
+    except PeerError as exc:  # llama-server failed to start or to answer: one line, not a traceback
+        raise ConfigError(f"llama.cpp peer: {exc}") from exc
     results["skipped_methods"] = skipped
     paths = write_results(results, args.out, plot=args.plot)
     print(to_markdown(results))

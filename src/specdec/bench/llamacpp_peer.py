@@ -1,4 +1,4 @@
-"""llama.cpp's own programs as benchmark peers: `llama-server` run as a subprocess and driven over HTTP with our token ids.
+"""llama.cpp's `llama-server` as a bench peer: a subprocess per configuration, fed our token ids over HTTP.
 
 The peer is what a llama.cpp user would run instead of specdec: the same GGUF files, the same llama.cpp
 version as the binding (its binaries are built from the same llama-cpp-python sdist), the same threads.
@@ -10,8 +10,10 @@ configuration (plain, draft model, n-gram), started on first use and stopped whe
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -28,14 +30,19 @@ from ..metrics import SpecStats
 SERVER_BINARY = "llama-server"
 DEFAULT_VERSION = "0.3.36"
 START_TIMEOUT = 180.0  # loading two GGUF files on a busy 2-core machine
+# Flags added only when this build lists them in --help (they come and go between llama.cpp versions):
+# no web UI to serve, warnings and errors only in the log (kept for error messages), and no host-RAM
+# prompt cache: with cache_prompt false it is never reused, yet every new request would copy the previous
+# slot's KV state into it inside the timed call.
+OPTIONAL_FLAGS = (("--no-webui",), ("--log-verbosity", "2"), ("--cache-ram", "0"))
 
 
 class PeerError(RuntimeError):
-    """llama-server could not be started or answered badly; the message says why."""
+    """llama-server could not be started or answered badly; the message (one line) says why."""
 
 
-def binaries_dir(explicit: str | None = None) -> Path | None:
-    """Where llama-server lives: --llamacpp-bin, $SPECDEC_LLAMACPP_BIN, else the cache folder the build script fills."""
+def binaries_dir(explicit: str | None = None) -> Path:
+    """Where llama-server lives: --llamacpp-bin, $SPECDEC_LLAMACPP_BIN, else the build script's cache dir."""
     if explicit:
         return Path(explicit).expanduser()
     if os.environ.get("SPECDEC_LLAMACPP_BIN"):
@@ -51,14 +58,52 @@ def binaries_dir(explicit: str | None = None) -> Path | None:
     return cache_dir() / f"llama.cpp-{version}" / "bin"
 
 
+def gguf_files(
+    decoder, target_ref: str | None = None, draft_ref: str | None = None,
+) -> tuple[Path | None, Path | None]:
+    """The GGUF files of the decoder's target and draft: the llama.cpp backends' own, else the references'.
+
+    A torch backend loaded from a .gguf (or the packaged default pair) keeps no path, so the reference the
+    user gave is resolved again; anything that is not a GGUF file gives None.
+    """
+    def one(backend, reference: str | None, role: str) -> Path | None:
+        if backend is None:
+            return None
+        path = getattr(backend, "gguf_path", None)
+        if path is not None:
+            return Path(path)
+        if not reference:
+            return None
+        from ..models import ModelLoadError, resolve
+
+        try:
+            resolved = resolve(f"default-{role}" if reference == "default" else reference)
+        except (ModelLoadError, OSError):
+            return None
+        return Path(resolved.source) / resolved.gguf_file if resolved.gguf_file else None
+
+    return one(decoder.target, target_ref, "target"), one(decoder.draft, draft_ref, "draft")
+
+
 def missing_reason(bin_dir: Path | None, target_gguf: Path | None) -> str | None:
     """Why llama.cpp's peers cannot run here, or None."""
     if target_gguf is None:
         return "the target is not a GGUF file"
-    if bin_dir is None or not (bin_dir / SERVER_BINARY).is_file():
+    binary = bin_dir / SERVER_BINARY if bin_dir is not None else None
+    if binary is None or not binary.is_file() or not os.access(binary, os.X_OK):
         return (f"{SERVER_BINARY} not found in {bin_dir} (build it from the llama-cpp-python sdist, see "
-                f"docs/bench.md, or point --llamacpp-bin at it)")
+                f"docs/bench.md, or point --llamacpp-bin / $SPECDEC_LLAMACPP_BIN at it)")
     return None
+
+
+@functools.lru_cache(maxsize=8)
+def server_flags(binary: str) -> frozenset[str]:
+    """The options this llama-server build lists in --help; empty when --help cannot be read."""
+    try:
+        done = subprocess.run([binary, "--help"], check=False, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", done.stdout + done.stderr))
 
 
 @dataclass(frozen=True)
@@ -75,7 +120,8 @@ class PeerConfig:
             return ["--spec-type", "ngram-simple"]
         if draft_gguf is None:
             raise PeerError("llama.cpp's draft-model speculation needs a draft GGUF")
-        args = ["-md", str(draft_gguf), "--spec-type", "draft-simple", "-td", str(threads), "-tbd", str(threads)]
+        args = ["-md", str(draft_gguf), "--spec-type", "draft-simple"]
+        args += ["-td", str(threads), "-tbd", str(threads)]
         if self.draft_max is not None:
             args += ["--spec-draft-n-max", str(self.draft_max)]
         return args
@@ -96,37 +142,65 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def server_command(binary: Path, target_gguf: Path, config: PeerConfig, port: int, *, draft_gguf: Path | None,
+                   threads: int, context: int) -> list[str]:
+    """The llama-server command line of one configuration (optional flags only where this build has them)."""
+    flags = server_flags(str(binary))
+    speculative = config.server_args(draft_gguf, threads)
+    if speculative and flags and "--spec-type" not in flags:
+        raise PeerError(f"{binary} has no --spec-type option: build llama.cpp from the installed "
+                        f"llama-cpp-python's sdist (see docs/bench.md)")
+    optional = [arg for option in OPTIONAL_FLAGS if option[0] in flags for arg in option]
+    return [
+        str(binary), "-m", str(target_gguf), "-t", str(threads), "-tb", str(threads), "-c", str(context),
+        "-np", "1", "--host", "127.0.0.1", "--port", str(port), *optional, *speculative,
+    ]
+
+
 class LlamaServer:
     """One llama-server process on 127.0.0.1 with a single slot; `complete` sends token ids to /completion."""
 
-    def __init__(self, bin_dir: Path, target_gguf: Path, config: PeerConfig, *, draft_gguf: Path | None = None,
-                 threads: int = 1, context: int = 4096, start_timeout: float = START_TIMEOUT):
+    def __init__(self, bin_dir: Path, target_gguf: Path, config: PeerConfig, *,
+                 draft_gguf: Path | None = None, threads: int = 1, context: int = 4096,
+                 start_timeout: float = START_TIMEOUT):
         self.config = config
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [
-            str(bin_dir / SERVER_BINARY), "-m", str(target_gguf), "-t", str(threads), "-tb", str(threads),
-            "-c", str(context), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--no-webui",
-            *config.server_args(draft_gguf, threads),
-        ]
-        self._log = tempfile.TemporaryFile()
-        self._process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.command = server_command(bin_dir / SERVER_BINARY, target_gguf, config, self.port,
+                                      draft_gguf=draft_gguf, threads=threads, context=context)
+        # The log lives as long as the server; its tail goes into error messages.
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115
+        # Its own session: a Ctrl-C reaches only us, and close() (always run) stops the server.
+        self._process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         try:
             self._wait_healthy(start_timeout)
         except BaseException:
             self.close()
             raise
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def running(self) -> bool:
+        return self._process.poll() is None
+
     def _log_tail(self) -> str:
+        if self._log.closed:
+            return "no log"
         self._log.seek(0)
         lines = self._log.read().decode("utf-8", "replace").strip().splitlines()
-        return " | ".join(lines[-3:]) if lines else "no output"
+        return " | ".join(line.strip() for line in lines[-3:]) if lines else "no output"
 
     def _wait_healthy(self, timeout: float) -> None:
+        # /health answers 503 while the model loads, 200 once it can serve.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise PeerError(f"{SERVER_BINARY} exited with status {self._process.returncode}: {self._log_tail()}")
+                status = self._process.returncode
+                raise PeerError(f"{SERVER_BINARY} exited with status {status}: {self._log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
                     if response.status == 200:
@@ -134,21 +208,31 @@ class LlamaServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             time.sleep(0.2)
-        raise PeerError(f"{SERVER_BINARY} did not become healthy within {timeout:.0f}s: {self._log_tail()}")
+        raise PeerError(f"{SERVER_BINARY} did not become healthy within {timeout:.0f}s "
+                        f"({' '.join(self.command[:3])} ...): {self._log_tail()}")
 
-    def complete(self, prompt_ids: Sequence[int], params: SamplingParams, timeout: float = 1800.0) -> PeerRun:
+    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict:
+        """The /completion request: token ids in, token ids out, no prompt reuse between requests."""
         body = {
             "prompt": [int(t) for t in prompt_ids], "n_predict": params.max_tokens, "cache_prompt": False,
-            "return_tokens": True, "ignore_eos": params.ignore_eos, "stream": False,
+            "return_tokens": True, "stream": False,
         }
+        if params.ignore_eos:
+            body["ignore_eos"] = True  # llama-server bans end-of-generation tokens; ours generates them
         if params.greedy:
             body.update(temperature=0.0, top_k=1)
         else:
-            body.update(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
+            # Every sampler spelled out: llama-server's own defaults (min_p 0.05, top_k 40) are not ours.
+            body.update(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                        min_p=params.min_p)
             if params.seed is not None:
                 body["seed"] = params.seed
         if params.stop:
             body["stop"] = list(params.stop)
+        return body
+
+    def complete(self, prompt_ids: Sequence[int], params: SamplingParams, timeout: float = 1800.0) -> PeerRun:
+        body = self.request_body(prompt_ids, params)
         request = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         began = time.perf_counter()
@@ -158,28 +242,36 @@ class LlamaServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError) as exc:
             raise PeerError(f"{SERVER_BINARY} request failed: {exc}; {self._log_tail()}") from exc
         seconds = time.perf_counter() - began
-        if "tokens" not in answer:
-            raise PeerError(f"{SERVER_BINARY} returned no tokens: {str(answer)[:200]}")
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list) or (params.max_tokens > 0 and not tokens and answer.get("content")):
+            raise PeerError(f"{SERVER_BINARY} returned no token ids (too old for return_tokens?): "
+                            f"{str(answer)[:200]}")
         timings = answer.get("timings") or {}
         stats = SpecStats(num_prompt_tokens=len(prompt_ids))
-        stats.num_generated_tokens = len(answer["tokens"])
+        stats.num_generated_tokens = len(tokens)
+        # draft_n / draft_n_accepted appear only once something was drafted.
         stats.num_draft_tokens = int(timings.get("draft_n") or 0)
         stats.num_accepted_tokens = int(timings.get("draft_n_accepted") or 0)
         stats.prefill_seconds = float(timings.get("prompt_ms") or 0.0) / 1000
         stats.total_seconds = seconds
-        finish = "length" if answer.get("stop_type") == "limit" else "stop"
+        finish = "length" if answer.get("stop_type") == "limit" or answer.get("truncated") else "stop"
         settings = {"server_args": self.command[1:], "stop_type": answer.get("stop_type"), "timings": timings}
-        return PeerRun(list(answer["tokens"]), seconds, finish, stats, settings)
+        return PeerRun([int(t) for t in tokens], seconds, finish, stats, settings)
 
     def close(self) -> None:
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
+        """Stop the server (SIGTERM, then SIGKILL after 10 s); safe to call twice."""
+        try:
+            if self._process.poll() is None:
+                self._process.terminate()
                 self._process.wait(10)
-            except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            # Also when interrupted while waiting: no server outlives the benchmark.
+            if self._process.poll() is None:
                 self._process.kill()
                 self._process.wait(10)
-        self._log.close()
+            self._log.close()
 
 
 class PeerPool:
@@ -199,9 +291,20 @@ class PeerPool:
         return server.complete(prompt_ids, params)
 
     def close(self) -> None:
-        for server in self._servers.values():
-            server.close()
-        self._servers.clear()
+        servers, self._servers = list(self._servers.values()), {}
+        _close_all(servers)
 
 
-__all__ = ["LlamaServer", "PeerConfig", "PeerError", "PeerPool", "PeerRun", "binaries_dir", "missing_reason"]
+def _close_all(servers: list[LlamaServer]) -> None:
+    # Every server is stopped even when stopping one is interrupted (a second Ctrl-C) or fails.
+    if servers:
+        try:
+            servers[0].close()
+        finally:
+            _close_all(servers[1:])
+
+
+__all__ = [
+    "LlamaServer", "PeerConfig", "PeerError", "PeerPool", "PeerRun", "binaries_dir", "gguf_files",
+    "missing_reason", "server_command", "server_flags",
+]

@@ -187,8 +187,13 @@ def expand_method(name: str, options: MethodOptions) -> list[Method]:
 
 def unavailable_reason(
     method: Method, has_draft_model: bool, has_hf_model: bool = True, llamacpp_missing: str | None = None,
+    llamacpp_draft_missing: str | None = None,
 ) -> str | None:
-    """Why a method cannot run here (missing module, no draft model, backend not transformers, no llama-server)."""
+    """Why a method cannot run here (missing module, no draft model, not transformers, no llama-server).
+
+    llamacpp_missing: why no llama.cpp peer can run (no binaries, target not GGUF); llamacpp_draft_missing:
+    why its draft-model speculation cannot (the draft is not a GGUF file).
+    """
     if method.requires:
         try:
             importlib.import_module(method.requires)
@@ -205,20 +210,21 @@ def unavailable_reason(
         return "the backend is not a transformers model"
     if method.kind == "llamacpp" and llamacpp_missing:
         return llamacpp_missing
+    if method.kind == "llamacpp" and method.needs_draft_model and llamacpp_draft_missing:
+        return llamacpp_draft_missing
     return None
 
 
 def resolve_methods(
     text: str | None, options: MethodOptions, has_draft_model: bool | None = None, has_hf_model: bool = True,
-    llamacpp_missing: str | None = None,
+    llamacpp_missing: str | None = None, llamacpp_draft_missing: str | None = None,
 ) -> tuple[list[Method], dict[str, str]]:
     """Parse --methods (None = the default set) into runnable methods plus {skipped name: reason}.
 
     Baselines are added when missing: `plain` always (every speedup is relative to it), and a peer's own
     plain decoding (`hf_plain`, `llamacpp_plain`) whenever one of its speculative methods is selected.
-    Explicitly requested methods that cannot run
-    are an error; unavailable members of the default set are skipped and reported. With
-    has_draft_model=None only names are checked (before any model is loaded).
+    Explicitly requested methods that cannot run are an error; unavailable members of the default set are
+    skipped and reported. With has_draft_model=None only names are checked (before any model is loaded).
     """
     explicit = text is not None
     names = [n.strip() for n in (text or ",".join(DEFAULT_METHODS)).split(",") if n.strip()]
@@ -237,7 +243,8 @@ def resolve_methods(
         return unique, {}
     runnable, skipped = [], {}
     for method in unique:
-        reason = unavailable_reason(method, has_draft_model, has_hf_model, llamacpp_missing)
+        reason = unavailable_reason(method, has_draft_model, has_hf_model, llamacpp_missing,
+                                    llamacpp_draft_missing)
         if reason is None:
             runnable.append(method)
         elif explicit and method.name in names or explicit and _family_requested(method.name, names):
@@ -250,10 +257,12 @@ def resolve_methods(
 def _family_requested(name: str, names: list[str]) -> bool:
     if any(n.startswith("llamacpp_") for n in names) and name == "llamacpp_plain":
         return True  # the baseline of an explicitly requested llama.cpp method
-    return (name.startswith("spec_k") and "spec" in names) or (name.startswith("hf_assisted_k") and "hf_assisted_k" in names)
+    return (name.startswith("spec_k") and "spec" in names) or (
+        name.startswith("hf_assisted_k") and "hf_assisted_k" in names
+    )
 
 
 __all__ = [
-    "BASELINES", "DEFAULT_METHODS", "FAMILIES", "PEER_BASELINES", "Method", "MethodOptions", "expand_method", "parse_k_list", "resolve_methods",
-    "unavailable_reason",
+    "BASELINES", "DEFAULT_METHODS", "FAMILIES", "PEER_BASELINES", "Method", "MethodOptions", "expand_method",
+    "parse_k_list", "resolve_methods", "unavailable_reason",
 ]

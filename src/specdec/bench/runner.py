@@ -117,6 +117,8 @@ class BenchConfig:
     rotate: bool = True
     extra: dict = field(default_factory=dict)  # recorded in results["config"] (model names, CLI flags...)
     llamacpp_bin: str | None = None  # folder of llama-server for the llamacpp_* peers (None: the default place)
+    # (target, draft) GGUF files for the llamacpp_* peers; None: llamacpp_peer.gguf_files(decoder)
+    llamacpp_gguf: tuple | None = None
 
 
 @dataclass
@@ -144,7 +146,7 @@ class BenchRunner:
         self.pad_token_id = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         self.peers = None
         if any(m.kind == "llamacpp" for m in config.methods):
-            self.peers = llamacpp_peers(decoder, config.llamacpp_bin)
+            self.peers = llamacpp_peers(decoder, config.llamacpp_bin, config.llamacpp_gguf)
 
     def close(self) -> None:
         for probe in (self.target_probe, self.draft_probe):
@@ -438,18 +440,17 @@ def environment(decoder, weight_format: str | None = None) -> dict:
     }
 
 
-def llamacpp_peers(decoder, bin_dir: str | None):
-    """The llama-server pool for this decoder's GGUF files, on the same threads and context as our target."""
-    from .llamacpp_peer import PeerPool, binaries_dir, missing_reason
+def llamacpp_peers(decoder, bin_dir: str | None, ggufs: tuple | None = None):
+    """The llama-server pool for this pair's GGUF files, on the same threads and context as our target."""
+    from .llamacpp_peer import PeerPool, binaries_dir, gguf_files, missing_reason
 
     folder = binaries_dir(bin_dir)
-    target_gguf = getattr(decoder.target, "gguf_path", None)
+    target_gguf, draft_gguf = ggufs or gguf_files(decoder)
     reason = missing_reason(folder, target_gguf)
     if reason:
         raise ValueError(f"llama.cpp peers cannot run: {reason}")
     threads = getattr(decoder.target, "threads", None) or _torch_threads()
-    return PeerPool(folder, target_gguf, getattr(decoder.draft, "gguf_path", None), threads,
-                    decoder.target.max_context)
+    return PeerPool(folder, target_gguf, draft_gguf, threads, decoder.target.max_context)
 
 
 def _torch_threads() -> int:
