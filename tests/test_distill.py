@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from conftest import tiny_llama, tiny_qwen2
+from conftest import save_tiny_model, tiny_llama, tiny_qwen2, tiny_tokenizer
 from specdec.backends.llamacpp_backend import LlamaCppBackend
 from specdec.cli import main
 from specdec.config import SamplingParams
@@ -229,6 +229,23 @@ def test_cli_distils_end_to_end_and_the_result_loads_as_a_draft(files, tmp_path,
     again = tmp_path / "again"
     assert main(args[:-1] + [str(again), "--data", str(out / "distill-data.pt"), "--no-eval", "--gguf", "none"]) == 0
     assert (again / "model.safetensors").exists() and not (again / "draft.gguf").exists()
+
+
+def test_cli_on_transformers_models_saves_the_hf_draft_and_says_why_no_gguf(tmp_path, capsys):
+    tokenizer = tiny_tokenizer()
+    target = save_tiny_model(tmp_path / "target", tiny_llama(0), tokenizer)
+    draft = save_tiny_model(tmp_path / "draft", tiny_llama(1), tokenizer)
+    prompts = tmp_path / "words.jsonl"
+    rng = random.Random(0)
+    prompts.write_text("".join(json.dumps(" ".join(f"w{rng.randint(4, 96)}" for _ in range(6))) + "\n"
+                               for _ in range(12)))
+    out = tmp_path / "out"
+    assert main(["distill", target, draft, "--prompts", str(prompts), "--out", str(out), "--max-tokens", "6",
+                 "--eval-max-tokens", "6", "--threads", "1", "--max-context", "128"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["gguf"] is None and "no GGUF to take the vocabulary from" in report["gguf_note"]
+    assert report["evaluation"]["draft_after"] == str(out) and (out / "model.safetensors").exists()
+    assert "GGUF: not written" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("extra, message", [

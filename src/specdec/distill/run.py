@@ -13,7 +13,7 @@ from ..config import ConfigError, SamplingParams
 from .data import DEFAULT_TOP_K, PromptSplit, collect_examples, load_examples, save_examples
 from .evaluate import DEFAULT_EVAL_METHODS, compare, eval_methods, evaluate_draft, write_report
 from .export_gguf import GGUF_TYPES, GGUFExportError, export_gguf
-from .train import TrainConfig, load_trainable_draft, save_draft, train_draft
+from .train import TrainConfig, load_trainable_draft, require_peft, save_draft, train_draft
 
 # general.file_type of a source GGUF -> the type its distilled replacement is written in ("auto").
 _FILE_TYPES = {0: "f32", 1: "f16", 7: "q8_0", 15: "q4_k_m"}
@@ -101,6 +101,7 @@ def distill(
     from ..pipeline import SpecDecoder
 
     options = options or DistillOptions()
+    require_peft(options.train)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     phases: dict[str, float] = {}

@@ -134,6 +134,14 @@ def load_trainable_draft(reference: str, dtype: str = "fp32"):
     return model, gguf_path
 
 
+def require_peft(config: TrainConfig) -> None:
+    """LoRA needs peft; say so before minutes are spent generating data."""
+    import importlib.util
+
+    if config.method == "lora" and importlib.util.find_spec("peft") is None:
+        raise ConfigError("--method lora needs peft: pip install 'specdec[distill]' (or use --method full)")
+
+
 def _wrap_lora(model, config: TrainConfig):
     from peft import LoraConfig, get_peft_model
 
@@ -197,6 +205,7 @@ def train_draft(model, examples: Sequence[DistillExample], config: TrainConfig |
     from tqdm import tqdm
 
     config = config or TrainConfig()
+    require_peft(config)
     if not examples:
         raise ValueError("no training examples (every prompt was skipped?)")
     torch.manual_seed(config.seed)
