@@ -2,12 +2,14 @@
 
 `create_app(decoder)` serves an already-built SpecDecoder; `create_app(loader=...)` starts
 answering at once (/health is 503) and loads the models on a background thread (/health 200 when
-ready). Requests are validated on the event loop, then queued for the single engine worker.
+ready). Requests are validated on the event loop (tokenizing on a helper thread, so a huge prompt never
+stalls it), then queued for the single engine worker. `ServerState.drain` is the graceful shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hmac
 import logging
 import threading
@@ -25,6 +27,7 @@ from ..config import SamplingParams
 from ..kvcache import ContextOverflowError
 from . import sse
 from .errors import APIError, bad_request, error_body
+from .limits import HostCheckMiddleware, RequestBodyGuard, ServerLimits, queue_full
 from .metrics import ServerMetrics
 from .schemas import (
     ChatCompletionRequest,
@@ -36,22 +39,28 @@ from .schemas import (
     sampling_params,
     usage,
 )
-from .worker import EngineWorker, Job
+from .worker import EngineWorker, Job, ServerShuttingDown
 
 log = logging.getLogger("specdec.server")
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DISCONNECT_POLL_SECONDS = 0.2
+DRAIN_POLL_SECONDS = 0.05
+SHUTTING_DOWN = "the server is shutting down; retry later or on another instance"
 
 
 class ServerState:
     """What the handlers share: served names, the decoder once loaded, its engine worker and metrics."""
 
     def __init__(self, names: Sequence[str], metrics: ServerMetrics,
-                 on_load_error: Callable[[BaseException], None] | None = None):
+                 on_load_error: Callable[[BaseException], None] | None = None, limits: ServerLimits | None = None):
         self.names = list(names)
         self.metrics = metrics
         self.on_load_error = on_load_error
+        self.limits = limits or ServerLimits()
+        self.draining = False
+        self.preparing = 0  # requests being tokenized: they count against max_queue like queued ones
+        self._prepare_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.created = int(time.time())
         self.decoder = None
         self.engine = None
@@ -84,10 +93,57 @@ class ServerState:
                 self.on_load_error(exc)
 
     def require_ready(self) -> None:
+        if self.draining:
+            raise APIError(503, SHUTTING_DOWN, code="server_shutting_down")
         if self.load_error is not None:
             raise APIError(503, f"the model failed to load: {self.load_error}")
         if not self.ready:
             raise APIError(503, "the model is still loading; retry when /health returns 200")
+
+    def admit(self) -> None:
+        """Refuse new work while shutting down (503) or when max_queue requests already wait (429)."""
+        if self.draining:
+            raise APIError(503, SHUTTING_DOWN, code="server_shutting_down")
+        if self.worker.num_waiting + self.preparing >= self.limits.max_queue:
+            raise queue_full(self.limits.max_queue)
+
+    async def prepare(self, fn: Callable[..., Any], *args) -> Any:
+        """Admit a request, then run its CPU work of unbounded size (tokenizing, chat templates) on one
+        helper thread, so the event loop keeps answering /health and writing streams meanwhile."""
+        self.admit()
+        if self._prepare_pool is None:
+            self._prepare_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specdec-prepare")
+        self.preparing += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, fn, *args)
+        finally:
+            self.preparing -= 1
+
+    async def drain(self, grace: float) -> None:
+        """Graceful shutdown: refuse new requests, end queued ones (503) and give the running one `grace`
+        seconds; if it is still going, end it with a 503 error event. Handlers then write their last bytes."""
+        self.draining = True
+        worker = self.worker
+        if worker is None:
+            return
+        error = ServerShuttingDown(SHUTTING_DOWN)
+        worker.fail_waiting(error)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while not worker.idle and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        current = worker.current
+        if current is not None:
+            log.warning("shutdown grace of %g s is over: ending the running request", grace)
+            current.cancel(error)
+        deadline = loop.time() + 5.0  # the worker stops a cancelled job at its next engine step
+        while not worker.idle and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+
+    def close_prepare_pool(self) -> None:
+        if self._prepare_pool is not None:
+            self._prepare_pool.shutdown(wait=False, cancel_futures=True)
+            self._prepare_pool = None
 
     def check_model(self, model: str | None) -> str:
         if not model:
@@ -157,8 +213,13 @@ def create_app(
     served_model_name: str | Sequence[str] | None = None,
     api_key: str | None = None,
     on_load_error: Callable[[BaseException], None] | None = None,
+    limits: ServerLimits | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
-    """Build the app around a SpecDecoder, or around a loader run in the background at startup."""
+    """Build the app around a SpecDecoder, or around a loader run in the background at startup.
+
+    `allowed_hosts`: accepted Host header names (any port), None for no check; `specdec serve` sets it
+    (see limits.host_check_list)."""
     if decoder is None and loader is None:
         raise ValueError("create_app needs a decoder or a loader")
     if isinstance(served_model_name, str):
@@ -168,7 +229,7 @@ def create_app(
     else:
         names = [getattr(getattr(decoder, "target", None), "name", None) or "specdec"]
     metrics = ServerMetrics(names[0])
-    state = ServerState(names, metrics, on_load_error)
+    state = ServerState(names, metrics, on_load_error, limits)
     if decoder is not None:
         state.set_ready(decoder)
 
@@ -176,23 +237,31 @@ def create_app(
     async def lifespan(app: FastAPI):
         if state.worker is not None and not state.worker.alive:  # the app is being served again
             state.worker = EngineWorker(state.engine, metrics)
+        state.draining = False
         if not state.ready and loader is not None and state.load_error is None:
             threading.Thread(target=state.load, args=(loader,), name="specdec-loader", daemon=True).start()
         yield
+        state.draining = True
+        state.close_prepare_pool()
         if state.worker is not None:
             await asyncio.to_thread(state.worker.shutdown)
 
     app = FastAPI(title="specdec", description="OpenAI-compatible speculative decoding server", lifespan=lifespan)
     app.state.specdec = state
+    # Outermost last: Host check, then the API key, then the body is read (so nothing unauthorized is read).
+    app.add_middleware(RequestBodyGuard, max_bytes=state.limits.max_request_bytes,
+                       read_timeout=state.limits.read_timeout, metrics=metrics)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key, metrics=metrics)
+    if allowed_hosts is not None:
+        app.add_middleware(HostCheckMiddleware, allowed_hosts=allowed_hosts, metrics=metrics)
 
     # ----------------------------------------------------------------------------------------- errors
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         metrics.request_error(exc.status)
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -218,6 +287,8 @@ def create_app(
 
     @app.get("/health")
     async def health():
+        if state.draining:
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
         if state.ready:
             return JSONResponse({"status": "ok"})
         if state.load_error is not None:
@@ -248,7 +319,7 @@ def create_app(
         state.require_ready()
         model = state.check_model(req.model)
         check_completion_options(req)
-        prompt_ids = _completion_prompt(state, req.prompt)
+        prompt_ids = await state.prepare(_completion_prompt, state, req.prompt)
         params = sampling_params(req, req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)
         _check_fits(state, prompt_ids, params, "prompt")
         ctx = ResponseContext("completion", model)
@@ -261,7 +332,9 @@ def create_app(
         check_chat_options(req)
         messages = chat_messages(req)
         try:
-            prompt_ids = state.decoder.encode_chat(messages)
+            prompt_ids = await state.prepare(state.decoder.encode_chat, messages)
+        except APIError:
+            raise
         except (ValueError, TypeError) as exc:
             raise bad_request(str(exc), "messages") from exc
         except Exception as exc:  # a template error (jinja) on these messages
@@ -308,6 +381,8 @@ def _check_fits(state: ServerState, prompt_ids: list[int], params: SamplingParam
 
 
 def _engine_error(exc: BaseException | None) -> APIError:
+    if isinstance(exc, ServerShuttingDown):
+        return APIError(503, str(exc), code="server_shutting_down")
     if isinstance(exc, ContextOverflowError):
         return APIError(400, str(exc), code="context_length_exceeded")
     if isinstance(exc, ValueError):
@@ -318,6 +393,7 @@ def _engine_error(exc: BaseException | None) -> APIError:
 async def _respond(state: ServerState, ctx: ResponseContext, prompt_ids, params, req, request: Request):
     job = Job(prompt_ids, params)
     include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    state.admit()  # the queue may have filled, or shutdown begun, while this request was being tokenized
     state.worker.submit(job)
     if req.stream:
         return JobStreamingResponse(_sse_stream(state, ctx, job, include_usage), job)

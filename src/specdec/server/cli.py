@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 
@@ -27,6 +28,29 @@ def register(commands) -> None:
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="model name(s) clients send in 'model' (default: the target model argument)")
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    from .limits import (
+        DEFAULT_MAX_QUEUE,
+        DEFAULT_MAX_REQUEST_BYTES,
+        DEFAULT_READ_TIMEOUT,
+        DEFAULT_SHUTDOWN_GRACE,
+    )
+
+    serve.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
+                       help=f"largest request body accepted; larger is 413 (default {DEFAULT_MAX_REQUEST_BYTES}, "
+                       "8 MiB)")
+    serve.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
+                       help=f"requests allowed to wait for the engine; more is 429 with Retry-After "
+                       f"(default {DEFAULT_MAX_QUEUE})")
+    serve.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT, metavar="SECONDS",
+                       help="time a client has to send a request's headers, and then its body; else 408 and the "
+                       f"connection is closed (default {DEFAULT_READ_TIMEOUT:g})")
+    serve.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE, metavar="SECONDS",
+                       help="on SIGTERM/SIGINT, time the running request gets to finish before it is ended with an "
+                       f"error event (default {DEFAULT_SHUTDOWN_GRACE:g})")
+    serve.add_argument("--allowed-hosts", nargs="+", default=None, metavar="HOST",
+                       help="Host header names accepted (any port), checked against DNS rebinding. Default: "
+                       "localhost, 127.0.0.1 and [::1] when bound to loopback without --api-key, else no check; "
+                       "'*' turns the check off")
     serve.set_defaults(handler=run_serve)
 
 
@@ -40,6 +64,18 @@ def served_names(args: argparse.Namespace) -> list[str]:
     return [args.model]
 
 
+def _limits_from_args(args: argparse.Namespace):
+    from ..cli import UserError
+    from .limits import ServerLimits
+
+    for flag, value in (("--max-request-bytes", args.max_request_bytes), ("--max-queue", args.max_queue)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}")
+    if not 0 < args.read_timeout < math.inf:
+        raise UserError(f"--read-timeout must be positive, got {args.read_timeout:g}")
+    return ServerLimits(args.max_request_bytes, args.max_queue, args.read_timeout)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from ..cli import UserError
     from ..cli_common import model_ref_from_args, spec_from_args
@@ -48,10 +84,17 @@ def run_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from .app import create_app
+        from .http_protocol import header_deadline_protocol
+        from .limits import host_check_list, is_loopback
+        from .shutdown import GracefulServer
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise UserError(f"the server needs its extras: pip install 'specdec[server]' ({exc.name} is missing)")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
+    limits = _limits_from_args(args)
+    if not args.shutdown_grace >= 0:  # inf waits for the running request to finish; nan is refused
+        raise UserError(f"--shutdown-grace must be at least 0, got {args.shutdown_grace:g}")
+    allowed_hosts = host_check_list(args.host, args.api_key, args.allowed_hosts)
     # Everything cheap is checked before minutes are spent loading models.
     ref = model_ref_from_args(args)
     spec = spec_from_args(args, has_draft_model=ref.draft is not None)
@@ -73,14 +116,19 @@ def run_serve(args: argparse.Namespace) -> int:
             server_box[0].should_exit = True
 
     app = create_app(loader=load, served_model_name=served_names(args), api_key=args.api_key,
-                     on_load_error=on_load_error)
-    # On shutdown, open streams get a few seconds; then they are cancelled (which stops their generation).
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+                     on_load_error=on_load_error, limits=limits, allowed_hosts=allowed_hosts)
+    # The drain (GracefulServer) ends every request; uvicorn's own graceful timeout is only for writing the
+    # last bytes of those responses.
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5,
+                            http=header_deadline_protocol(limits.read_timeout))
+    server = GracefulServer(config, drain=lambda: app.state.specdec.drain(args.shutdown_grace))
     server_box.append(server)
     print(f"specdec serve: loading {ref.target} (draft: {ref.draft or 'none'}); "
           f"listening on http://{args.host}:{args.port} (/health is 503 until the models are ready)",
           file=sys.stderr)
+    if args.api_key is None and not is_loopback(args.host):
+        print(f"specdec serve: warning: {args.host} is reachable from other machines and no --api-key is set",
+              file=sys.stderr)
     server.run()
     if failure:
         raise failure[0] if isinstance(failure[0], Exception) else UserError(str(failure[0]))

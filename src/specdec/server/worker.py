@@ -5,7 +5,8 @@ touches them. HTTP handlers enqueue a Job and await its events on the event loop
 the engine's stream for each job in arrival order and hands every Chunk back with
 `loop.call_soon_threadsafe`, so the event loop never blocks on a forward pass. A job that is
 cancelled (client gone) stops at the next engine step; closing the stream runs the engine's
-`finally`, which leaves the caches empty and consistent for the next job.
+`finally`, which leaves the caches empty and consistent for the next job. On shutdown, queued jobs
+are failed at once and the running one is ended with a `ServerShuttingDown` error event.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from .metrics import ServerMetrics
 log = logging.getLogger("specdec.server")
 
 
+class ServerShuttingDown(RuntimeError):
+    """Why a job was refused or ended early: the server is draining for shutdown (HTTP 503)."""
+
+
 @dataclass
 class Event:
     """What a job reports to its HTTP handler: kind 'chunk' (a Chunk), then one 'done' or 'error'."""
@@ -45,6 +50,7 @@ class Job:
         self.loop = loop or asyncio.get_running_loop()
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self._cancelled = threading.Event()
+        self.cancel_error: BaseException | None = None  # reported as an error event instead of a quiet abort
         self.arrived_at = time.perf_counter()
         self.started_at: float | None = None
         self.first_token_at: float | None = None
@@ -54,8 +60,11 @@ class Job:
         self.stats: SpecStats | None = None
         self.done = threading.Event()
 
-    def cancel(self) -> None:
-        """Ask the worker to stop this job at its next step (or to skip it if it has not started)."""
+    def cancel(self, error: BaseException | None = None) -> None:
+        """Ask the worker to stop this job at its next step (or to skip it if it has not started); with an
+        error, the job ends with that error event (the client is still there and should be told why)."""
+        if error is not None and not self._cancelled.is_set():
+            self.cancel_error = error
         self._cancelled.set()
 
     @property
@@ -108,6 +117,33 @@ class EngineWorker:
     def num_waiting(self) -> int:
         return self._waiting
 
+    @property
+    def idle(self) -> bool:
+        """No job running and none queued (a job being handed from the queue counts as waiting)."""
+        with self._lock:
+            return self.current is None and self._waiting == 0
+
+    def fail_waiting(self, error: BaseException) -> int:
+        """End every queued job now with `error` (callable from any thread); returns how many."""
+        failed = 0
+        while True:
+            with self._lock:
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    return failed
+                if job is None:  # the stop sentinel stays for the worker
+                    self._queue.put(None)
+                    return failed
+                self._waiting -= 1
+            if self.metrics:
+                self.metrics.waiting.dec()
+            job.cancel(error)
+            self._finish(job, "abort", None)
+            job.emit(Event("error", error=error))
+            job.done.set()
+            failed += 1
+
     def submit(self, job: Job) -> None:
         with self._lock:
             self._waiting += 1
@@ -116,9 +152,10 @@ class EngineWorker:
         self._queue.put(job)
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop after the running job's next step; queued jobs are cancelled."""
-        if self.current is not None:
-            self.current.cancel()
+        """Stop after the running job's next step; queued jobs are failed with ServerShuttingDown."""
+        current = self.current
+        if current is not None:
+            current.cancel(ServerShuttingDown("the server is shutting down"))
         self._queue.put(None)
         self._thread.join(timeout)
 
@@ -130,15 +167,16 @@ class EngineWorker:
                 return
             with self._lock:
                 self._waiting -= 1
+                self.current = job
             if self.metrics:
                 self.metrics.waiting.dec()
-            self.current = job
             try:
                 self._run(job)
             except BaseException:  # never let one request kill the worker
                 log.exception("engine worker failed on a request")
             finally:
-                self.current = None
+                with self._lock:
+                    self.current = None
                 job.done.set()
 
     def _drain(self) -> None:
@@ -149,7 +187,7 @@ class EngineWorker:
                 return
             if job is not None:
                 job.finish_reason = "abort"
-                job.emit(Event("error", error=RuntimeError("the server is shutting down")))
+                job.emit(Event("error", error=ServerShuttingDown("the server is shutting down")))
                 job.done.set()
 
     def _run(self, job: Job) -> None:
@@ -158,9 +196,9 @@ class EngineWorker:
         metrics = self.metrics
         if metrics:
             metrics.request_queue_time.observe(job.started_at - job.arrived_at)
-        if job.cancelled:  # the client left while waiting: do no work
+        if job.cancelled:  # the client left while waiting (or the server is stopping): do no work
             self._finish(job, "abort", None)
-            job.emit(Event("done"))
+            job.emit(Event("error", error=job.cancel_error) if job.cancel_error else Event("done"))
             return
         if metrics:
             metrics.running.inc()
@@ -200,7 +238,12 @@ class EngineWorker:
         stats = self.engine.last_stats if getattr(self.engine, "last_stats", None) is not before_stats else None
         if metrics and stats is not None:
             metrics.add_stats_delta(stats, snapshot)
-        reason = "error" if error is not None else (job.finish_reason or "abort")
+        if error is None and job.cancel_error is not None and job.finish_reason not in ("stop", "length"):
+            error = job.cancel_error  # stopped from outside before its end: tell the client why
+        if error is None:
+            reason = job.finish_reason or "abort"
+        else:
+            reason = "abort" if error is job.cancel_error else "error"
         self._finish(job, reason, stats)
         job.emit(Event("error", error=error) if error is not None else Event("done"))
 
