@@ -166,8 +166,8 @@ def test_request_body_size_limit(decoder):
 
 
 def test_partial_headers_and_missing_bodies_time_out(decoder):
-    app = create_app(decoder, served_model_name="tiny", limits=ServerLimits(read_timeout=0.5))
-    with Live(app, http=header_deadline_protocol(0.5)) as live:
+    app = create_app(decoder, served_model_name="tiny", limits=ServerLimits(read_timeout=1.0))
+    with Live(app, http=header_deadline_protocol(1.0)) as live:
         # raw_exchange's 10 s socket timeout bounds every wait below: a connection left open fails the test.
         status, error = parse_response(raw_exchange(live.port, b"POST /v1/completions HTTP/1.1\r\nHost: local"))
         assert status == 408
@@ -287,22 +287,26 @@ def _stream_events(url: str, body: dict, first_event: threading.Event):
 @pytest.mark.parametrize("grace, finishes", [(30.0, True), (0.2, False)])
 def test_graceful_drain(slow_decoder, grace, finishes):
     """Stop requested with a stream running and a request queued: the queued one gets 503 at once; the stream
-    finishes if it can within the grace period, else it ends with an error event; both streams end in [DONE]."""
+    finishes if it can within the grace period, else it ends with an error event; either way with [DONE]."""
     app = create_app(slow_decoder, served_model_name="tiny")
     state = app.state.specdec
-    max_tokens = 6 if finishes else 200
+    gate = threading.Event()  # holds the running stream until the stop has been requested
+    state.worker.engine = GatedEngine(state.worker.engine, gate)
+    max_tokens = 6 if finishes else 200  # 200 tokens take seconds on SlowBackend
     stream_body = {"prompt": "w1 w2", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     with Live(app, server_cls=GracefulServer, drain=lambda: state.drain(grace)) as live:
-        started = threading.Event()
-        streaming = in_thread(lambda: _stream_events(live.url, stream_body, started))
-        assert started.wait(20)
-        queued = in_thread(lambda: httpx.post(live.url + "/v1/completions", json=BODY, timeout=30))
-        wait_until(lambda: state.worker.num_waiting == 1, what="a queued request")
-        live.server.handle_exit(signal.SIGTERM, None)
-        queued[0].join(20)
-        response = queued[1]["value"]
-        assert response.status_code == 503
-        assert_openai_error(response.json(), "server_shutting_down")
+        try:
+            streaming = in_thread(lambda: _stream_events(live.url, stream_body, threading.Event()))
+            wait_until(lambda: state.worker.current is not None, what="the stream to run")
+            queued = in_thread(lambda: httpx.post(live.url + "/v1/completions", json=BODY, timeout=30))
+            wait_until(lambda: state.worker.num_waiting == 1, what="a queued request")
+            live.server.handle_exit(signal.SIGTERM, None)
+            queued[0].join(20)
+            response = queued[1]["value"]
+            assert response.status_code == 503
+            assert_openai_error(response.json(), "server_shutting_down")
+        finally:
+            gate.set()
         streaming[0].join(30)
         live.thread.join(20)
         assert not live.thread.is_alive(), "the server did not stop"
