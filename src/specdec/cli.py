@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print the result and statistics as JSON")
     gen.set_defaults(handler=_run_generate)
 
-    for module in ("specdec.server.cli", "specdec.bench.cli", "specdec.distill.cli"):
+    for module in ("specdec.server.cli", "specdec.bench.cli", "specdec.distill.cli", "specdec.tune.cli"):
         try:
             register = __import__(module, fromlist=["register"]).register
         except ImportError:

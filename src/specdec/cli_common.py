@@ -7,17 +7,19 @@ import argparse
 from .config import BACKENDS, WEIGHT_FORMATS, ConfigError, ModelRef, SamplingParams, SpecConfig
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True, config: bool = True) -> None:
+    """The model flags; draft=False leaves out --draft, config=False leaves out --config (see add_config_argument)."""
     parser.add_argument(
         "model", nargs="?", default="default",
         help="target model: hub id (org/name[@rev]), local directory, .gguf file, or 'default' "
         "(Qwen2.5-Coder-1.5B-Instruct with the 0.5B as draft)",
     )
-    parser.add_argument(
-        "--draft", "-md", "--model-draft", dest="draft", default=None,
-        help="draft model (same forms as the target); default: the default draft when the target is "
-        "'default', else none (use --drafter for model-free drafting)",
-    )
+    if draft:
+        parser.add_argument(
+            "--draft", "-md", "--model-draft", dest="draft", default=None,
+            help="draft model (same forms as the target); default: the default draft when the target is "
+            "'default', else none (use --drafter for model-free drafting)",
+        )
     parser.add_argument(
         "--backend", choices=BACKENDS, default="auto",
         help="runtime: llama.cpp (GGUF weights as stored, batch-invariant target), torch (transformers), or "
@@ -47,6 +49,47 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-context", "--max-model-len", dest="max_context", type=int, default=4096,
                         help="KV cache capacity in tokens (prompt + generated); default 4096")
+    if config:
+        add_config_argument(parser)
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    """--config FILE: a run-config file (what `specdec tune` writes) supplies defaults; flags given still win.
+
+    argparse has no hook between parsing and the handler, so this parser's parse_known_args is wrapped:
+    a first pass finds --config, the file's values become this parser's defaults for a second pass (only
+    for destinations the parser has), and the defaults are restored. Position on the line does not matter.
+    """
+    parser.add_argument(
+        "--config", metavar="FILE", default=None,
+        help="read the model pair and speculation settings (and sampling, if present) from a JSON config file, "
+        "e.g. the tuned.json `specdec tune` writes; flags given on the command line override it",
+    )
+    first_pass = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        parsed, rest = first_pass(args, argparse.Namespace(**vars(namespace)) if namespace else None)
+        if getattr(parsed, "config", None) is None:
+            return parsed, rest
+        from .tune.config_file import argument_defaults, flagless_values, read_run_config
+
+        try:
+            run_config = read_run_config(parsed.config)
+        except ConfigError as exc:
+            parser.error(str(exc))
+        defaults = {dest: value for dest, value in argument_defaults(run_config).items() if hasattr(parsed, dest)}
+        saved = {dest: parser.get_default(dest) for dest in defaults}
+        parser.set_defaults(**defaults)
+        try:
+            parsed, rest = first_pass(args, namespace)
+        finally:
+            parser.set_defaults(**saved)
+        if hasattr(parsed, "drafter"):  # generate and serve build a SpecConfig from the arguments
+            for dest, value in flagless_values(run_config).items():
+                setattr(parsed, dest, value)
+        return parsed, rest
+
+    parser.parse_known_args = parse_known_args
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +119,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
     target = "default-target" if args.model == "default" else args.model
-    draft = args.draft
+    draft = getattr(args, "draft", None)
     if draft is None and args.model == "default" and (getattr(args, "drafter", None) in (None, "draft_model", "hybrid")):
         draft = "default-draft"
     elif draft == "default":
@@ -96,8 +139,11 @@ def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
 
 def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfig:
     drafter = args.drafter or ("draft_model" if has_draft_model else "none")
+    lookup = {name: getattr(args, name) for name in ("lookup_min_ngram", "lookup_max_ngram")
+              if getattr(args, name, None) is not None}  # no flags: only a --config file sets them
     return SpecConfig(
         num_speculative_tokens=args.k, drafter=drafter, draft_p_min=args.draft_p_min, k_policy=args.k_policy,
+        **lookup,
     )
 
 

@@ -1,0 +1,159 @@
+"""tune.md, tune.json, tuned.json and the plots: the ranked table with the Leviathan bound beside each measured
+speedup, speedup per task, acceptance per draft position, drafts that could not be used, and the winner's config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..bench.report import write_results
+from ..config import ModelRef
+from .config_file import write_run_config
+from .run import TuneResult
+
+
+def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "**NO**"
+    return f"{value:{spec}}{suffix}"
+
+
+def ranked_table(result: TuneResult) -> str:
+    lines = [
+        ("| rank | draft | drafter | k policy | speedup | Leviathan bound | bound at verify cost | accept rate "
+         "| mean accept len (incl. bonus) | mean k | c | verify cost | greedy identical | verdict |"),
+        "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for row in result.rows:
+        verdict = row["verdict"]
+        if row["slower"] or verdict.startswith("NOT"):
+            verdict = f"**{verdict}**"
+        identical = row.get("identical_to_plain")
+        lines.append(
+            f"| {row['rank']} | {row['draft'] or '–'} | {row['drafter']} | {_policy(row)} "
+            f"| {_fmt(row['speedup'], '.2f', 'x')} | {_fmt(row['leviathan_bound'], '.2f', 'x')} "
+            f"| {_fmt(row['cost_model_bound'], '.2f', 'x')} | {_fmt(row['acceptance_rate'], '.3f')} "
+            f"| {_fmt(row['mean_acceptance_length'])} | {_fmt(row['mean_k'], '.1f')} | {_fmt(row['cost_ratio'], '.3f')} "
+            f"| {_fmt(row['verify_cost'])} | {_fmt(identical)}"
+            f"{' (' + row['num_identical_to_plain'] + ')' if identical is not None else ''} | {verdict} |"
+        )
+    return "\n".join(lines)
+
+
+def _policy(row: dict) -> str:
+    return {"fixed": f"fixed k={row['k']}", "adaptive": f"adaptive k≤{row['k']}",
+            "heuristic": f"heuristic from k={row['k']}"}.get(row["k_policy"], row["k_policy"])
+
+
+def task_table(result: TuneResult) -> str:
+    tasks = result.info.get("tasks") or []
+    lines = ["| rank | configuration | " + " | ".join(tasks) + " | all |", "|---:|---|" + "---:|" * (len(tasks) + 1)]
+    for row in result.rows:
+        cells = [_fmt(row["speedup_per_task"].get(t), ".2f", "x") for t in tasks]
+        lines.append(f"| {row['rank']} | {row['candidate']} | " + " | ".join(cells)
+                     + f" | {_fmt(row['speedup'], '.2f', 'x')} |")
+    return "\n".join(lines)
+
+
+def position_table(result: TuneResult) -> str:
+    rows = [r for r in result.rows if r.get("acceptance_rate_per_pos")]
+    if not rows:
+        return ""
+    width = min(max(len(r["acceptance_rate_per_pos"]) for r in rows), 12)
+    lines = ["| rank | configuration | " + " | ".join(f"pos {i + 1}" for i in range(width)) + " |",
+             "|---:|---|" + "---:|" * width]
+    for row in rows:
+        values = row["acceptance_rate_per_pos"][:width]
+        cells = [f"{v:.2f}" for v in values] + [""] * (width - len(values))
+        lines.append(f"| {row['rank']} | {row['candidate']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def to_markdown(result: TuneResult, config_path: str | None = None) -> str:
+    info, rec = result.info, result.recommendation
+    sampling = info.get("sampling") or {}
+    decoding = "greedy" if not sampling.get("temperature") else f"sampled (T={sampling['temperature']})"
+    lines = [
+        "# specdec tune",
+        "",
+        (f"- target `{info.get('target')}`; {info.get('num_prompts')} prompts ({', '.join(info.get('tasks') or [])}), "
+         f"{decoding}, max {sampling.get('max_tokens')} new tokens, {info.get('repeats', 1)} repeat(s)"),
+        ("- each draft model measured in its own bench run with plain decoding in the same run (methods "
+         "interleaved per prompt, order rotated, one warm-up each); model-free drafters join the first run"),
+        "",
+        f"**Recommendation:** {rec.reason}.",
+    ]
+    if config_path:
+        lines += ["", f"Written to `{config_path}`: `specdec generate --config {config_path}` (also serve, bench)."]
+    slower = [r["candidate"] for r in result.rows if r["slower"]]
+    if slower:
+        lines += ["", f"**Slower than plain decoding** (speedup < 1): {'; '.join(slower)}."]
+    lines += ["", "## Ranked by measured speedup", "", ranked_table(result), ""]
+    if result.rows and len(info.get("tasks") or []) > 1:
+        lines += ["## Speedup per task", "", task_table(result), ""]
+    positions = position_table(result)
+    if positions:
+        lines += ["## Acceptance by draft position", "", "P(position i accepted | a draft reached it).", "",
+                  positions, ""]
+    if result.unusable:
+        lines += ["## Drafts that cannot be used with this target", ""]
+        lines += [f"- `{u['draft']}`: {u['reason']}" for u in result.unusable]
+        lines.append("")
+    for note in info.get("notes") or []:
+        lines += [f"Note: {note}.", ""]
+    lines.append(
+        "Speedup = tokens/s over plain decoding (our engine without a drafter, same target, same run; prefill "
+        "included). Leviathan bound = (1 - a^(k+1)) / ((1 - a)(k c + 1)) from the measured acceptance a, k (the "
+        "mean drafted length for adaptive and heuristic policies) and cost ratio c; it assumes verifying k+1 "
+        "tokens costs one plain step. The bound at verify cost puts the measured verify cost v in place of 1. "
+        "Mean acceptance length = 1 + accepted/drafts: tokens per target pass **including the bonus token**. "
+        "c = draft forward / target single-token forward (drafting time per drafted token for prompt lookup "
+        "and hybrid). Each run's full bench tables are under runs/."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def tuned_model_ref(base: ModelRef, result: TuneResult) -> ModelRef:
+    """The tune run's model settings with the winner's draft (none for model-free drafters or plain)."""
+    from dataclasses import replace
+
+    return replace(base, draft=result.recommendation.draft_reference)
+
+
+def write_outputs(result: TuneResult, out_dir: str | Path, base_ref: ModelRef | None = None,
+                  config_path: str | Path | None = None, plot: bool = True) -> dict[str, Path]:
+    """Write tune.json, tune.md, runs/<n>-<label>/results.{json,md}, the two plots and (with base_ref) the
+    winner's config file (default out_dir/tuned.json). Returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    for number, run in enumerate(result.runs, 1):
+        slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in run["label"])[-60:]
+        paths[f"run{number}"] = write_results(run["results"], out / "runs" / f"{number}-{slug}", plot=False)["markdown"]
+    if base_ref is not None:
+        config_path = Path(config_path) if config_path else out / "tuned.json"
+        rec = result.recommendation
+        paths["config"] = write_run_config(
+            config_path, tuned_model_ref(base_ref, result), rec.spec,
+            info={**rec.to_dict(), "leviathan_bound": rec.row.get("leviathan_bound") if rec.row else None,
+                  "prompts": result.info.get("num_prompts"), "tasks": result.info.get("tasks")},
+        )
+    paths["json"] = out / "tune.json"
+    paths["json"].write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n", encoding="utf-8")
+    paths["markdown"] = out / "tune.md"
+    paths["markdown"].write_text(to_markdown(result, str(paths.get("config")) if "config" in paths else None),
+                                 encoding="utf-8")
+    if plot:
+        from .plot import plot_acceptance_by_position, plot_speedup_vs_rejection
+
+        for key, draw, name in (("plot_speedup", plot_speedup_vs_rejection, "speedup_vs_rejection.png"),
+                                ("plot_positions", plot_acceptance_by_position, "acceptance_by_position.png")):
+            drawn = draw(result, out / name)
+            if drawn is not None:
+                paths[key] = drawn
+    return paths
+
+
+__all__ = ["position_table", "ranked_table", "task_table", "to_markdown", "tuned_model_ref", "write_outputs"]
