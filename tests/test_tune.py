@@ -122,7 +122,10 @@ def test_tune_ranks_the_target_as_its_own_draft_above_a_random_draft_and_flags_s
     assert [run["label"] for run in result.runs] == ["bad", "good"]
 
 
-def test_tune_recommends_no_draft_when_every_candidate_slows_generation(models, clock, tmp_path):
+def test_tune_recommends_no_draft_when_every_candidate_slows_generation(models, clock, tmp_path, monkeypatch):
+    import specdec.tune.run
+
+    monkeypatch.setattr(specdec.tune.run, "MAX_CONFIGURATIONS_PER_RUN", 1)  # each in its own run with plain
     target, drafts, hooks = _backends(models, clock, "bad", "bad2")
     try:
         result = tune(target, drafts, _prompts(2), TuneOptions(drafters=("draft_model",), k_sweep=(2,)),
@@ -130,6 +133,7 @@ def test_tune_recommends_no_draft_when_every_candidate_slows_generation(models, 
     finally:
         _remove(hooks)
     assert len(result.rows) == 2 * 2  # drafts x policies
+    assert [run["label"] for run in result.runs] == [f"{d} (part {i} of 2)" for d in ("bad", "bad2") for i in (1, 2)]
     assert all(r["speedup"] < 1.03 for r in result.rows)
     assert all(r["slower"] for r in result.rows if r["k_policy"] == "fixed")
     rec = result.recommendation

@@ -68,9 +68,12 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
     first_pass = parser.parse_known_args
 
     def parse_known_args(args=None, namespace=None):
-        parsed, rest = first_pass(args, argparse.Namespace(**vars(namespace)) if namespace else None)
+        parsed, rest = first_pass(args, None if namespace is None else argparse.Namespace(**vars(namespace)))
         if getattr(parsed, "config", None) is None:
-            return parsed, rest
+            if namespace is None:
+                return parsed, rest
+            vars(namespace).update(vars(parsed))  # argparse fills a namespace it is given
+            return namespace, rest
         from .tune.config_file import argument_defaults, flagless_values, read_run_config
 
         try:

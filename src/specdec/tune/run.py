@@ -11,6 +11,7 @@ cannot be loaded or whose vocabulary differs from the target's is listed with th
 from __future__ import annotations
 
 import dataclasses
+import gc
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,11 @@ from ..models import ModelLoadError, VocabMismatchError, check_vocab_compatible
 from ..pipeline import SpecDecoder
 from .candidates import MODEL_DRAFTERS, DraftCandidate, TuneOptions, methods_for
 from .ranking import Recommendation, rank
+
+# One bench run builds an engine, with its own KV cache, per configuration; a llama.cpp context holds 16
+# sequences (backends/llamacpp_backend.MAX_SEQUENCES), so longer sweeps are split into runs of this many
+# configurations, each with plain decoding measured again in the same run.
+MAX_CONFIGURATIONS_PER_RUN = 12
 
 # Figures copied from the bench summary row of each configuration (definitions in bench/report.py).
 _ROW_FIELDS = (
@@ -128,11 +134,14 @@ def tune(
 
     def measure(label: str, candidate: DraftCandidate | None, backend, drafters: list[str]) -> None:
         methods = methods_for(drafters, options)
-        log(f"tune: measuring {label}: plain + {len(methods)} configurations on {len(prompts)} prompts")
-        results = _measure(target, backend, methods, prompts, params, chat, repeats, warmup,
-                           {"tune_run": label}, log)
-        runs.append({"label": label, "draft": candidate.reference if candidate else None, "results": results})
-        rows.extend(rows_from_results(results, candidate))
+        parts = [methods[i:i + MAX_CONFIGURATIONS_PER_RUN] for i in range(0, len(methods), MAX_CONFIGURATIONS_PER_RUN)]
+        for number, part in enumerate(parts, 1):
+            name = label if len(parts) == 1 else f"{label} (part {number} of {len(parts)})"
+            log(f"tune: measuring {name}: plain + {len(part)} configurations on {len(prompts)} prompts")
+            results = _measure(target, backend, part, prompts, params, chat, repeats, warmup, {"tune_run": name}, log)
+            gc.collect()  # the run's engines hold KV caches (llama.cpp sequences): free them before the next
+            runs.append({"label": name, "draft": candidate.reference if candidate else None, "results": results})
+            rows.extend(rows_from_results(results, candidate))
 
     pending_model_free = model_free
     for candidate in drafts if model_drafters else []:
@@ -167,4 +176,4 @@ def tune(
     return TuneResult(ranked, recommendation, unusable, runs, info)
 
 
-__all__ = ["TuneResult", "rows_from_results", "tune"]
+__all__ = ["MAX_CONFIGURATIONS_PER_RUN", "TuneResult", "rows_from_results", "tune"]
