@@ -315,3 +315,29 @@ def test_tune_command_refuses_bad_input_before_loading(capsys, tmp_path):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+def test_tune_on_llama_cpp_frees_each_runs_sequences(tmp_path, monkeypatch, capsys):
+    """GGUF target and drafts on llama.cpp (what the default pair runs on); one configuration per run, so the
+    24 engines made in all exceed the 16 sequences of a llama.cpp context unless each run frees its own."""
+    pytest.importorskip("llama_cpp")
+    import specdec.tune.run
+    from tiny_gguf import write_tiny_gguf
+
+    monkeypatch.setattr(specdec.tune.run, "MAX_CONFIGURATIONS_PER_RUN", 1)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    target = str(write_tiny_gguf(tmp_path / "target.gguf", seed=0, layers=2))
+    draft = str(write_tiny_gguf(tmp_path / "draft.gguf", seed=1, layers=1))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps("def f(x):\n    return x + 1\n") + "\n" + json.dumps("for i in range(3): x") + "\n")
+    code = main(["tune", target, "--drafts", f"{target},{draft}", "--drafters", "draft_model,prompt_lookup",
+                 "--k-sweep", "2,3,4", "--prompts", str(prompts), "-n", "8", "--threads", "1", "--no-chat",
+                 "--no-warmup", "--no-plot", "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    report = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert len(report["rows"]) == len(report["runs"]) == 3 * 4
+    assert all(r["identical_to_plain"] for r in report["rows"])
+    mine = [r for r in report["rows"] if r["draft"] == target and r["k_policy"] == "fixed"]
+    assert mine and all(r["acceptance_rate"] == 1.0 for r in mine)  # the target as its own draft
+    assert read_run_config(tmp_path / "out" / "tuned.json").model.backend == "auto"
