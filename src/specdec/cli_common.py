@@ -78,8 +78,8 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
 
         try:
             run_config = read_run_config(parsed.config)
-        except ConfigError as exc:
-            parser.error(str(exc))
+        except ConfigError as exc:  # one line, not argparse's usage block: the flags are not what is wrong
+            parser.exit(2, f"{parser.prog}: error: {exc}\n")
         defaults = {dest: value for dest, value in argument_defaults(run_config).items() if hasattr(parsed, dest)}
         saved = {dest: parser.get_default(dest) for dest in defaults}
         parser.set_defaults(**defaults)
