@@ -522,8 +522,9 @@ def test_speculative_sampling_matches_target_distribution(prefix_pair):
 
 
 def test_draft_with_a_smaller_vocabulary_is_lossless(prefix_pair):
-    """A draft scoring fewer ids than the target (allowed by check_vocab_compatible) never proposes the
-    missing ids; its q must be treated as 0 there, and the output still follows the target."""
+    """A draft scoring fewer ids than the target never proposes the missing ids; its q must be treated
+    as 0 there, and the output still follows the target. (This mock has no embedding table, so once the
+    target emits id 3 the drafter stops drafting for the request; load_pair would refuse such a pair.)"""
     target, _, exact = prefix_pair
     small_draft = PrefixLM(vocab=3, seed=13)
     engine = spec_engine(target, small_draft, 3)

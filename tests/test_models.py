@@ -230,8 +230,11 @@ def test_check_vocab_compatible():
     assert "'d'" in str(info.value) and "'t'" in str(info.value)
     with pytest.raises(VocabMismatchError, match="120 tokens"):
         check_vocab_compatible(_backend(small, None, "t"), _backend(big, None, "d"))
-    # a draft scoring fewer ids than the target (padded target head) is allowed
-    check_vocab_compatible(_backend(big, None, "t"), _backend(small, None, "d"))
+    # a draft that cannot embed ids the target can emit is refused (issue 8 item 12: it used to pass and
+    # then crash with IndexError); padding rows the target has no token for are allowed
+    with pytest.raises(VocabMismatchError, match="only read token ids below 97"):
+        check_vocab_compatible(_backend(big, None, "t"), _backend(small, None, "d"))
+    check_vocab_compatible(_backend(big, tok, "t"), _backend(small, tok, "d"))
 
 
 def test_default_model_ref_loads_the_packaged_pair(monkeypatch):

@@ -30,7 +30,11 @@ class Chunk:
 
 @dataclass
 class Generation:
-    """A finished request: all tokens, the text, why it ended, and its statistics."""
+    """A finished request: all tokens, the text, why it ended, and its statistics.
+
+    After a stop string the tokens end at the one in which the stop string ends and the text ends
+    where it begins (vLLM's convention); plain and speculative runs agree on both.
+    """
 
     tokens: list[int]
     text: str
@@ -153,8 +157,8 @@ class SpeculativeEngine:
                     target_probs = probabilities(logits, params)
                     draft_probs = draft.probs[: len(proposed)] if draft.probs is not None else None
                     if draft_probs is not None and draft_probs.shape[-1] < target_probs.shape[-1]:
-                        # A draft may score fewer ids than the target (a smaller padded head, which
-                        # check_vocab_compatible allows); it never proposes the ids it lacks: q = 0 there.
+                        # A draft may score fewer ids than the target (a pruned head over an embedding table
+                        # that still reads every target id); it never proposes the ids it lacks: q = 0 there.
                         draft_probs = torch.nn.functional.pad(
                             draft_probs, (0, target_probs.shape[-1] - draft_probs.shape[-1])
                         )
@@ -178,18 +182,22 @@ class SpeculativeEngine:
                 if len(new_tokens) >= remaining:
                     new_tokens, new_from_draft = new_tokens[:remaining], new_from_draft[:remaining]
                     finish = finish or "length"
+                visible = [t for t in new_tokens if t not in eos]  # EOS can only be the last token
+                pushed_before = len(text.tokens)
+                delta = text.push(visible)
+                if text.stopped:
+                    # The tokens end at the one that completes the stop string, as in plain decoding: the tokens
+                    # after it in this step (and an EOS behind them) are not generated.
+                    kept = len(text.tokens) - pushed_before
+                    new_tokens, new_from_draft, finish = new_tokens[:kept], new_from_draft[:kept], "stop"
+                elif finish is not None:
+                    delta += text.flush()
                 context += new_tokens
                 generated += len(new_tokens)
                 # One rollback restores the invariant (cache = context minus its last token): it drops the
-                # rejected draft tokens and, when EOS or max_tokens cut the accepted ones, those too.
+                # rejected draft tokens and, when EOS, a stop string or max_tokens cut the accepted ones, those too.
                 cache.trim(cache.length - (len(context) - 1))
                 stats.num_generated_tokens = generated
-                visible = [t for t in new_tokens if t not in eos]
-                delta = text.push(visible)
-                if text.stopped:
-                    finish = "stop"
-                if finish is not None and not text.stopped:
-                    delta += text.flush()
                 stats.total_seconds = time.perf_counter() - began
                 yield Chunk(new_tokens, new_from_draft, delta, finish)
                 if finish is not None:

@@ -296,11 +296,20 @@ def token_vocabulary(backend) -> dict[int, str] | None:
     return None
 
 
-def check_vocab_compatible(target, draft) -> None:
-    """Refuse a draft whose token ids do not mean the same strings as the target's.
+def embeddable_ids(backend) -> int:
+    """How many token ids a model can read: its embedding rows (llama.cpp: its vocabulary, one row per id)."""
+    return int(getattr(backend, "num_embeddings", None) or backend.vocab_size)
 
-    Ids only one side knows are fine (llama.cpp pads vocabularies with unused ids that tokenizers omit):
-    a draft token the target has no string for is simply a guess the verifier rejects.
+
+def check_vocab_compatible(target, draft) -> None:
+    """Refuse a draft whose token ids do not mean the same strings as the target's, or that cannot read them.
+
+    Ids only one side has a string for are fine (llama.cpp pads vocabularies with unused ids that
+    tokenizers omit): a draft token the target has no string for is simply a guess the verifier rejects.
+    The draft reads every token the target emits, so its embedding table must cover every id the target
+    has a token for (every id the target scores when its vocabulary is unknown). Padding rows of the
+    target's head with no token are allowed; should the target ever emit one, the drafter stops drafting
+    for the rest of that request (plain steps), which loses nothing.
     """
     if draft.vocab_size > target.vocab_size:
         raise VocabMismatchError(
@@ -308,14 +317,26 @@ def check_vocab_compatible(target, draft) -> None:
             f"{target.vocab_size}; they cannot share token ids"
         )
     t_vocab, d_vocab = token_vocabulary(target), token_vocabulary(draft)
-    if t_vocab is None or d_vocab is None:
+    if t_vocab is not None and d_vocab is not None:
+        differing = sum(1 for i, text in d_vocab.items() if i in t_vocab and t_vocab[i] != text)
+        if differing:
+            raise VocabMismatchError(
+                f"draft {draft.name!r} and target {target.name!r} use different vocabularies "
+                f"({len(d_vocab)} vs {len(t_vocab)} tokens, {differing} ids differ); choose a draft model "
+                f"from the target's family"
+            )
+    rows = embeddable_ids(draft)
+    if rows >= target.vocab_size:
         return
-    differing = sum(1 for i, text in d_vocab.items() if i in t_vocab and t_vocab[i] != text)
-    if differing:
+    if t_vocab is None:
+        unreadable = list(range(rows, target.vocab_size))
+    else:
+        unreadable = sorted(i for i in t_vocab if rows <= i < target.vocab_size)
+    if unreadable:
         raise VocabMismatchError(
-            f"draft {draft.name!r} and target {target.name!r} use different vocabularies "
-            f"({len(d_vocab)} vs {len(t_vocab)} tokens, {differing} ids differ); choose a draft model "
-            f"from the target's family"
+            f"draft {draft.name!r} can only read token ids below {rows} (its embedding table), but target "
+            f"{target.name!r} can produce {len(unreadable)} ids from {unreadable[0]} up (it scores "
+            f"{target.vocab_size}); choose a draft whose vocabulary covers the target's (same family and size)"
         )
 
 

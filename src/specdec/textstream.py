@@ -1,4 +1,4 @@
-"""Incremental detokenization with stop-string detection and hold-back of partial stop matches."""
+"""Incremental detokenization with stop-string detection (ending the tokens at the one that completes the stop) and hold-back of partial stop matches."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from typing import Callable, Sequence
 
 class TextStream:
     """Turns a growing token list into safe text deltas, ending at the first stop string.
+
+    After a stop, `tokens` ends at the token in which the stop string was completed (later tokens
+    of the same push are dropped) and `text` ends where the stop string begins.
 
     Text that might still become a stop string (a suffix that is a prefix of one), or that ends
     in an incomplete UTF-8 sequence, is held back until it is resolved.
@@ -24,11 +27,22 @@ class TextStream:
         """Add tokens; return the new text that is safe to show."""
         if self.stopped:
             return ""
+        before = len(self.tokens)
         self.tokens.extend(tokens)
         text = self.decode(self.tokens)
         search_from = max(0, self.emitted - max((len(s) for s in self.stop), default=0))
         cut = _first_stop(text, self.stop, search_from)
         if cut is not None:
+            # Decoding one token at a time stops at the first token that completes a stop string (vLLM's
+            # convention: tokens up to and including it); a batch of tokens (an accepted draft) must end at
+            # that same token and cut the text the same way, so speculative and plain runs agree on both.
+            for end in range(before + 1, len(self.tokens)):
+                prefix = self.decode(self.tokens[:end])
+                found = _first_stop(prefix, self.stop, search_from)
+                if found is not None:
+                    text, cut = prefix, found
+                    del self.tokens[end:]
+                    break
             self.stopped = True
             self.text = text[:cut]
             return self._take(len(self.text))

@@ -81,6 +81,8 @@ class TransformersBackend:
         self.num_layers = int(text_config.num_hidden_layers)
         head = model.get_output_embeddings()
         self.vocab_size = int(getattr(head, "out_features", None) or text_config.vocab_size)
+        # Ids this model can read (its embedding rows); a draft must be able to read every id the target emits.
+        self.num_embeddings = int(model.get_input_embeddings().num_embeddings)
         model_limit = int(getattr(text_config, "max_position_embeddings", 0) or 0) or 1 << 20
         self.max_context = min(max_context or model_limit, model_limit)
         self.eos_token_ids = _eos_ids(model, tokenizer)

@@ -34,6 +34,11 @@ class DraftModelDrafter:
         self.cache = None
         self._fed_draft = 0  # draft tokens written to the cache by the last propose()
         self._prompt_fed = False  # whether this request's first catch-up (the prompt) has happened
+        # Ids the draft model can embed (llama.cpp's table has one row per vocabulary id). load_pair refuses a
+        # draft that cannot read the target's tokens; a padding id the target scores may still turn up.
+        self.embeddable = int(getattr(draft_backend, "num_embeddings", None) or draft_backend.vocab_size)
+        self._checked = 0  # context tokens already checked against self.embeddable
+        self._unreadable = False  # the context holds an id the draft model cannot embed
 
     def begin(self, prompt: Sequence[int], params: SamplingParams, generator: torch.Generator) -> None:
         self.params = params
@@ -43,12 +48,29 @@ class DraftModelDrafter:
         self.cache.trim(self.cache.length)
         self._fed_draft = 0
         self._prompt_fed = False
+        self._checked = 0
+        self._unreadable = False
+
+    def can_draft(self, context: Sequence[int]) -> bool:
+        """False from the first context id the draft model has no embedding for until the request ends.
+
+        Such an id (a prompt id, or one the target produced from a padding row of its head) can never
+        be fed to the draft model, so the rest of the request decodes plainly instead of crashing.
+        """
+        if not self._unreadable:
+            limit = self.embeddable
+            self._unreadable = any(int(t) >= limit for t in context[self._checked :])
+            self._checked = len(context)
+        return not self._unreadable
+
+    def next_source(self, context: Sequence[int]) -> str | None:
+        return self.name if self.can_draft(context) else None
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         began = time.perf_counter()
         room = self.cache.capacity - len(context)
         k = max(0, min(k, room))
-        if k == 0:
+        if k == 0 or not self.can_draft(context):
             return Draft([], None, time.perf_counter() - began)
         pending = list(context[self.cache.length :])
         catchup = 0.0

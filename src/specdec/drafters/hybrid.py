@@ -46,11 +46,14 @@ class HybridDrafter:
         self.model.begin(prompt, params, generator)
         self._last_source = None
 
-    def next_source(self, context: Sequence[int]) -> str:
-        """'ngram<n>' when lookup has a trusted match (propose() will copy it), else 'model'."""
+    def next_source(self, context: Sequence[int]) -> str | None:
+        """'ngram<n>' when lookup has a trusted match (propose() will copy it), else 'model' (None when the
+        context holds an id the draft model cannot embed: a plain step)."""
         self.lookup.index.sync(context)
         _, n = self.lookup.index.match(1, self.min_match)
-        return f"ngram{n}" if n else "model"
+        if n:
+            return f"ngram{n}"
+        return "model" if self.model.can_draft(context) else None
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         began = time.perf_counter()
