@@ -308,8 +308,8 @@ def check_vocab_compatible(target, draft) -> None:
     tokenizers omit): a draft token the target has no string for is simply a guess the verifier rejects.
     The draft reads every token the target emits, so its embedding table must cover every id the target
     has a token for (every id the target scores when its vocabulary is unknown). Padding rows of the
-    target's head with no token are allowed; should the target ever emit one, the drafter stops drafting
-    for the rest of that request (plain steps), which loses nothing.
+    target's head with no token (or a "[PAD<id>]" placeholder in a GGUF) are allowed; should the target
+    ever emit one, the drafter stops drafting for the rest of that request (plain steps), losing nothing.
     """
     if draft.vocab_size > target.vocab_size:
         raise VocabMismatchError(
@@ -331,7 +331,8 @@ def check_vocab_compatible(target, draft) -> None:
     if t_vocab is None:
         unreadable = list(range(rows, target.vocab_size))
     else:
-        unreadable = sorted(i for i in t_vocab if rows <= i < target.vocab_size)
+        # llama.cpp's converter names the padding ids of a GGUF's token table "[PAD<id>]": not tokens.
+        unreadable = sorted(i for i, text in t_vocab.items() if rows <= i < target.vocab_size and text != f"[PAD{i}]")
     if unreadable:
         raise VocabMismatchError(
             f"draft {draft.name!r} can only read token ids below {rows} (its embedding table), but target "
