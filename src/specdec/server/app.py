@@ -20,18 +20,25 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import SamplingParams
 from ..kvcache import ContextOverflowError
 from . import sse
-from .errors import APIError, bad_request, error_body
+from .errors import APIError, bad_request, error_body, error_responses, unsupported
 from .limits import HostCheckMiddleware, RequestBodyGuard, ServerLimits, queue_full
 from .metrics import ServerMetrics
 from .schemas import (
+    GENERATION_200_DESCRIPTION,
+    SSE_RESPONSE,
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
+    HealthStatus,
+    ModelCard,
+    ModelList,
     ResponseContext,
     chat_messages,
     check_chat_options,
@@ -284,8 +291,11 @@ def create_app(
         return JSONResponse(error_body(f"internal server error: {type(exc).__name__}", "server_error"), 500)
 
     # ----------------------------------------------------------------------------------------- routes
+    # `responses` declares what each route really answers in /openapi.json: errors in OpenAI's shape
+    # (400, never FastAPI's 422), SSE beside JSON for generation, Prometheus text for /metrics.
 
-    @app.get("/health")
+    @app.get("/health", responses={200: {"model": HealthStatus}, 503: {"model": HealthStatus,
+                                                                       "description": "loading, failed or stopping"}})
     async def health():
         if state.draining:
             return JSONResponse({"status": "shutting_down"}, status_code=503)
@@ -295,7 +305,8 @@ def create_app(
             return JSONResponse({"status": "error", "message": str(state.load_error)}, status_code=503)
         return JSONResponse({"status": "loading"}, status_code=503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus text exposition"}})
     async def prometheus_metrics():
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
@@ -306,15 +317,17 @@ def create_app(
             card["max_model_len"] = state.engine.target.max_context
         return card
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses={200: {"model": ModelList}, **error_responses()})
     async def models():
         return {"object": "list", "data": [model_card(name) for name in state.names]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", responses={200: {"model": ModelCard}, **error_responses(404)})
     async def model(model_id: str):
         return model_card(state.check_model(model_id))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses={200: {"model": CompletionResponse, "content": SSE_RESPONSE,
+                                                 "description": GENERATION_200_DESCRIPTION},
+                                            **error_responses(400, 404)})
     async def completions(req: CompletionRequest, request: Request):
         state.require_ready()
         model = state.check_model(req.model)
@@ -325,7 +338,9 @@ def create_app(
         ctx = ResponseContext("completion", model)
         return await _respond(state, ctx, prompt_ids, params, req, request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses={200: {"model": ChatCompletionResponse, "content": SSE_RESPONSE,
+                                                      "description": GENERATION_200_DESCRIPTION},
+                                                 **error_responses(400, 404)})
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         state.require_ready()
         model = state.check_model(req.model)
@@ -458,21 +473,38 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}
 
 
+def _param_path(error: dict) -> list[str]:
+    """The error's location as parameter names, without "body" and without the union members pydantic
+    names along the way (`prompt.list[int].0` -> `prompt.0`)."""
+    loc = list(error.get("loc", ()))
+    if loc and loc[0] == "body":
+        loc = loc[1:]
+    return [str(part) for part in loc
+            if not (isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "-" in part))]
+
+
 def _validation_api_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
     if not errors:
         return bad_request("invalid request body")
-    first = errors[0]
-    loc = []
-    for part in first.get("loc", ())[1:] if first.get("loc", ("",))[0] == "body" else first.get("loc", ()):
-        if isinstance(part, str) and (part in _TYPE_TAGS or "[" in part):
-            break  # pydantic names the union member it tried; the parameter is what came before
-        loc.append(str(part))
+    # A union (prompt: string or token ids or ...) reports one error per member. The member the value
+    # matched best gave the deepest error (`[5, true]`: prompt.1 is not an integer), and a broken
+    # constraint beats a type mismatch (`[""]`: the string is too short, not "not an integer").
+    field = _param_path(errors[0])[:1]
+    first = max((error for error in errors if _param_path(error)[:1] == field),
+                key=lambda e: (len(_param_path(e)), not str(e.get("type", "")).endswith("_type")))
+    loc = _param_path(first)
     kind = first.get("type", "")
     param = ".".join(loc) or None
+    if kind == "invalid_unicode":
+        return bad_request(first.get("msg", "invalid Unicode text"), first.get("ctx", {}).get("param"))
+    if kind == "unsupported":
+        return unsupported(param or "body", first.get("msg", ""))
     if kind == "json_invalid":
         return bad_request(f"malformed JSON in the request body: {first.get('msg', '')}".rstrip(": "))
-    if kind == "extra_forbidden":
+    if kind == "extra_forbidden":  # the unknown name itself, whatever characters it has
+        raw = first.get("loc", ())
+        param = ".".join(str(part) for part in (raw[1:] if list(raw[:1]) == ["body"] else raw))
         return APIError(400, f"Unrecognized request argument supplied: {param}", param=param,
                         code="unsupported_parameter")
     if kind == "missing":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 _TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
@@ -34,7 +36,17 @@ class APIError(Exception):
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    """The error body; text that echoes the client (a model name, a parameter path) is made UTF-8 safe,
+    so writing the error can never fail in its turn."""
+    return {"error": {"message": utf8_safe(message), "type": type, "param": utf8_safe(param), "code": code}}
+
+
+def utf8_safe(text: str | None) -> str | None:
+    """`text` with anything UTF-8 cannot encode (lone surrogates from JSON's \\ud800 escapes) written as
+    a visible `\\ud800` escape."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -45,3 +57,37 @@ def unsupported(param: str, why: str = "") -> APIError:
     """A parameter we cannot honour exactly: refused, never silently ignored."""
     tail = f": {why}" if why else ""
     return APIError(400, f"'{param}' is not supported by this server{tail}", param=param, code="unsupported_parameter")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The error shape, for the OpenAPI document
+# ---------------------------------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body; every 4xx and 5xx answer of the server has this shape."""
+
+    error: ErrorDetail
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for a route: the listed statuses and any other 4XX/5XX, all as ErrorResponse.
+    (FastAPI's default 422 is not declared: this server answers validation errors with 400.)"""
+    out: dict[int | str, dict[str, Any]] = {
+        status: {"model": ErrorResponse, "description": _DESCRIPTIONS.get(status, "error")} for status in statuses}
+    out["4XX"] = {"model": ErrorResponse, "description": "client error (401 API key, 408, 413, 429 queue full, ...)"}
+    out["5XX"] = {"model": ErrorResponse, "description": "server error (503 loading or shutting down)"}
+    return out
+
+
+_DESCRIPTIONS = {
+    400: "invalid request: malformed JSON, wrong types, out-of-range or unsupported parameters",
+    404: "unknown model",
+}

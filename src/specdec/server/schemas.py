@@ -1,13 +1,18 @@
-"""OpenAI request models (pydantic, unknown fields refused) and the response/chunk bodies the server returns."""
+"""OpenAI request models (pydantic, strict types, unknown fields refused) and the response/chunk bodies returned.
+
+The request models are also the OpenAPI document: every constraint declared here (non-empty prompt and
+messages, the accepted roles, non-negative token ids) is enforced by validation, and validation accepts
+nothing the document does not declare (no type coercion: "3" is not an integer, "yes" is not a boolean)."""
 
 from __future__ import annotations
 
 import math
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..config import ConfigError, SamplingParams
 from .errors import bad_request, unsupported
@@ -17,13 +22,60 @@ from .errors import bad_request, unsupported
 # ---------------------------------------------------------------------------------------------------------
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _StrictModel(BaseModel):
+    # strict: JSON types only, never coerced ("3" is no integer, true no token id); a float field still
+    # takes a JSON integer (`temperature: 1`), which is the same JSON number.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
+
+NonEmptyText = Annotated[str, Field(min_length=1)]
+TokenId = Annotated[int, Field(ge=0)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+# What /v1/completions accepts as `prompt`; a list of several prompts (a batch) is refused as unsupported.
+Prompt = NonEmptyText | TokenIds | Annotated[list[NonEmptyText], Field(min_length=1)] | Annotated[
+    list[TokenIds], Field(min_length=1)]
+ChatRole = Literal["system", "developer", "user", "assistant"]
+_TOOL_ROLES = ("tool", "function")
+
+
+def lone_surrogate_path(value: Any) -> str | None:
+    """Where in a parsed JSON value the first string that is not valid Unicode sits, as a dotted path
+    ("messages.0.content"; a bad key: the object holding it, "" for the top level), or None.
+
+    JSON's \\ud800 escapes decode to lone UTF-16 surrogates, which no tokenizer, chat template or
+    UTF-8 writer accepts. Iterative, because a body may nest deeper than Python's recursion limit."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if not _encodable(item):
+                return path
+        elif isinstance(item, dict):
+            children = []
+            for key, child in item.items():
+                child_path = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and not _encodable(key):
+                    return path
+                children.append((child, child_path))
+            stack.extend(reversed(children))
+        elif isinstance(item, list):
+            stack.extend(reversed([(child, f"{path}.{i}" if path else str(i)) for i, child in enumerate(item)]))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class StreamOptions(_StrictModel):
     include_usage: bool = False
 
 
-class _GenerationRequest(BaseModel):
+class _GenerationRequest(_StrictModel):
     """Fields shared by /v1/completions and /v1/chat/completions.
 
     Unknown fields are refused (400), and known options that would change the output but that
@@ -31,14 +83,12 @@ class _GenerationRequest(BaseModel):
     request is either served as asked or rejected, never silently approximated.
     """
 
-    model_config = ConfigDict(extra="forbid")
-
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None  # OpenAI default 1.0; 0 = greedy
     top_p: float | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: NonEmptyText | list[NonEmptyText] | None = None
     n: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -57,25 +107,42 @@ class _GenerationRequest(BaseModel):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        path = lone_surrogate_path(data)
+        if path is not None:
+            where = f"'{path}'" if path else "the request body"
+            raise PydanticCustomError(
+                "invalid_unicode", "{where} is not valid Unicode text: it contains a lone UTF-16 surrogate "
+                "(a \\ud800-\\udfff escape that is not half of a pair)", {"where": where, "param": path or None})
+        return data
+
 
 class CompletionRequest(_GenerationRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: Prompt
     logprobs: int | None = None
     echo: bool | None = None
     best_of: int | None = None
     suffix: str | None = None
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    role: str
+class ChatMessage(_StrictModel):
+    role: ChatRole  # "developer" is the newer name of "system"
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
+    @field_validator("role", mode="before")
+    @classmethod
+    def _no_tool_messages(cls, role: Any) -> Any:
+        if role in _TOOL_ROLES:  # results of tool calls this server never makes (`tools` is refused too)
+            raise PydanticCustomError("unsupported", "'{role}' messages need tool calling, which this server "
+                                      "does not do", {"role": role})
+        return role
+
 
 class ChatCompletionRequest(_GenerationRequest):
-    messages: list[ChatMessage]
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
@@ -180,7 +247,7 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
             texts = []
             for part in content:
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise unsupported(f"messages[{i}].content", "only text content parts")
+                    raise unsupported(f"messages.{i}.content", "only text content parts")
                 texts.append(part["text"])
             content = "\n".join(texts)
         role = "system" if message.role == "developer" else message.role
@@ -262,3 +329,78 @@ class ResponseContext:
         if specdec is not None:
             body["specdec"] = specdec
         return body
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Response shapes, for the OpenAPI document (the handlers build plain dicts: see ResponseContext)
+# ---------------------------------------------------------------------------------------------------------
+
+FinishReason = Literal["stop", "length"] | None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: FinishReason
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    specdec: dict[str, Any] | None = Field(description="this request's speculative decoding statistics")
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: FinishReason
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    specdec: dict[str, Any] | None = Field(description="this request's speculative decoding statistics")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int | None = Field(None, description="present once the model is loaded")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class HealthStatus(BaseModel):
+    status: Literal["ok", "loading", "error", "shutting_down"]
+    message: str | None = Field(None, description="why loading failed")
+
+
+# The 200 answer of a generation route: JSON, or with `stream: true` server-sent events.
+GENERATION_200_DESCRIPTION = "the completion (JSON), or with `stream: true` `data: {chunk}` events then `data: [DONE]`"
+SSE_RESPONSE = {"text/event-stream": {"schema": {"type": "string"}}}
