@@ -178,6 +178,17 @@ def test_generate_human_report_and_stream_in_process(tiny_pair, capsys):
     assert "speedup" not in report and report["stats"]["num_generated_tokens"] <= 4
 
 
+def test_explicit_drafter_none_decodes_plainly(tiny_pair, capsys):
+    """--drafter none (what a tuned config says when no draft pays) runs plain decoding instead of refusing."""
+    target, _draft, _ = tiny_pair
+    code = main(["generate", target, "--drafter", "none", "--max-tokens", "5", "--no-chat", "--prompt", "w9 w10",
+                 "--ignore-eos", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["spec"]["drafter"] == "none" and "speedup" not in report
+    assert report["stats"]["num_generated_tokens"] == 5 and report["stats"]["num_draft_tokens"] == 0
+
+
 def test_request_that_exactly_fits_the_context_runs(tiny_pair, capsys):
     """14 prompt tokens + 1 new token in a 16-token context fits (the warm-up must not refuse it)."""
     target, draft, _ = tiny_pair

@@ -87,11 +87,14 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     decoder = SpecDecoder.load(ref)
     spec = spec_from_args(args, has_draft_model=decoder.draft is not None)
-    if spec.drafter == "none":
-        raise UserError("no drafter: give --draft MODEL or --drafter NAME")
+    plain_only = spec.drafter == "none"
+    if plain_only and args.drafter != "none":
+        raise UserError("no drafter: give --draft MODEL or --drafter NAME (--drafter none decodes plainly)")
     params = sampling_from_args(args)
     prompt_ids = decoder.encode(args.prompt, chat=args.chat)
-    report = generation_report(decoder, prompt_ids, params, spec, compare=args.compare, stream=args.stream and not args.json)
+    # --drafter none (e.g. a tuned config that found no draft worth it): plain decoding, nothing to compare.
+    report = generation_report(decoder, prompt_ids, params, spec, compare=args.compare and not plain_only,
+                               stream=args.stream and not args.json)
     if args.json:
         import json
 
