@@ -60,11 +60,13 @@ class SlowBackend(TransformersBackend):
 
 
 class LiveServer:
-    """uvicorn on 127.0.0.1 and a free port, in a background thread (lifespan included)."""
+    """uvicorn (or a subclass such as GracefulServer) for `app` on 127.0.0.1 and a free port, in a thread."""
 
-    def __init__(self, app):
+    def __init__(self, app, server_cls=uvicorn.Server, http="h11", **server_kwargs):
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", http=http,
+                                timeout_graceful_shutdown=5)
+        self.server = server_cls(config, **server_kwargs)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):

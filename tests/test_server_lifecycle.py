@@ -19,7 +19,6 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 import httpx
-import uvicorn
 from fastapi.testclient import TestClient
 
 from specdec import cli
@@ -27,6 +26,7 @@ from specdec.server import create_app
 from specdec.server.http_protocol import header_deadline_protocol
 from specdec.server.limits import LOOPBACK_HOSTS, ServerLimits, host_check_list, host_name, is_loopback
 from specdec.server.shutdown import GracefulServer
+from test_server import LiveServer as Live
 from test_server import SlowBackend, make_decoder, tiny_tokenizer
 
 BODY = {"prompt": "w1 w2", "max_tokens": 4, "temperature": 0}
@@ -36,30 +36,6 @@ TESTS_DIR = Path(__file__).resolve().parent
 @pytest.fixture(scope="module")
 def decoder(target_model, draft_model):
     return make_decoder(target_model, draft_model, tiny_tokenizer())
-
-
-class Live:
-    """A server (uvicorn.Server or GracefulServer) for `app` on 127.0.0.1 and a free port, in a thread."""
-
-    def __init__(self, app, server_cls=uvicorn.Server, http="h11", **server_kwargs):
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", http=http,
-                                timeout_graceful_shutdown=5)
-        self.server = server_cls(config, **server_kwargs)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started:
-            assert self.thread.is_alive() and time.time() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-        self.port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 def raw_exchange(port: int, data: bytes, timeout: float = 10.0) -> bytes:

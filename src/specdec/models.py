@@ -227,6 +227,16 @@ def torch_source(reference: str, resolved: ResolvedModel) -> ResolvedModel:
     return resolved
 
 
+def from_pretrained_kwargs(resolved: ResolvedModel) -> dict:
+    """The transformers from_pretrained arguments that select this model's GGUF file and revision."""
+    kwargs = {}
+    if resolved.gguf_file:
+        kwargs["gguf_file"] = resolved.gguf_file
+    if resolved.revision:
+        kwargs["revision"] = resolved.revision
+    return kwargs
+
+
 def _load_torch(
     reference: str, resolved: ResolvedModel, weight_format: str, max_context: int, role: str, threads: int | None
 ) -> TransformersBackend:
@@ -236,25 +246,21 @@ def _load_torch(
     if threads:
         torch.set_num_threads(threads)
     resolved = torch_source(reference, resolved)
-    kwargs = {}
-    if resolved.gguf_file:
-        kwargs["gguf_file"] = resolved.gguf_file
-    if resolved.revision:
-        kwargs["revision"] = resolved.revision
+    kwargs = from_pretrained_kwargs(resolved)
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved.source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(resolved.source, dtype=torch.float32, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"could not load {role} model {reference!r}: {exc}") from exc
     if resolved.gguf_file:
-        _drop_gguf_marker(model)
+        drop_gguf_marker(model)
     if reference in DEFAULT_MODELS and resolved.gguf_file:
-        _save_converted(model, tokenizer, Path(resolved.source) / resolved.gguf_file)
+        save_converted(model, tokenizer, Path(resolved.source) / resolved.gguf_file)
     apply_weight_format(model, weight_format)
     return TransformersBackend(model, tokenizer, name=resolved.label or reference, max_context=max_context)
 
 
-def _drop_gguf_marker(model) -> None:
+def drop_gguf_marker(model) -> None:
     """transformers de-quantizes GGUF to plain tensors but keeps a quantizer marker that blocks casting and saving."""
     model.hf_quantizer = None
     try:
@@ -265,7 +271,7 @@ def _drop_gguf_marker(model) -> None:
         del model.config.quantization_config
 
 
-def _save_converted(model, tokenizer, gguf_path: Path) -> None:
+def save_converted(model, tokenizer, gguf_path: Path) -> None:
     """De-quantizing GGUF and building its tokenizer takes minutes; keep a transformers copy for next time."""
     converted = gguf_path.with_suffix(".hf")
     partial = gguf_path.with_suffix(".hf.partial")

@@ -105,8 +105,9 @@ def load_trainable_draft(reference: str, dtype: str = "fp32"):
     from ..models import (
         DEFAULT_MODELS,
         ModelLoadError,
-        _drop_gguf_marker,
-        _save_converted,
+        drop_gguf_marker,
+        save_converted,
+        from_pretrained_kwargs,
         resolve,
         torch_source,
     )
@@ -115,22 +116,18 @@ def load_trainable_draft(reference: str, dtype: str = "fp32"):
     resolved = resolve(reference)
     gguf_path = Path(resolved.source) / resolved.gguf_file if resolved.gguf_file else None
     source = torch_source(reference, resolved)
-    kwargs = {"dtype": DTYPES[dtype]}
-    if source.gguf_file:
-        kwargs["gguf_file"] = source.gguf_file
-    if source.revision:
-        kwargs["revision"] = source.revision
+    kwargs = {"dtype": DTYPES[dtype], **from_pretrained_kwargs(source)}
     try:
         model = AutoModelForCausalLM.from_pretrained(source.source, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"could not load draft model {reference!r} for training: {exc}") from exc
     if source.gguf_file:
-        _drop_gguf_marker(model)
+        drop_gguf_marker(model)
         if reference in DEFAULT_MODELS:
             from transformers import AutoTokenizer
 
             # Keep the transformers copy the torch backend would keep, so the next load takes seconds.
-            _save_converted(model, AutoTokenizer.from_pretrained(source.source, gguf_file=source.gguf_file), gguf_path)
+            save_converted(model, AutoTokenizer.from_pretrained(source.source, gguf_file=source.gguf_file), gguf_path)
     return model, gguf_path
 
 
