@@ -212,3 +212,29 @@ def test_backend_flags_reach_the_model_reference():
     # A weight format is a torch conversion: under auto it selects torch.
     ref = model_ref_from_args(build_parser().parse_args(["generate", "m.gguf", "--weight-format", "int8"]))
     assert (ref.backend, ref.weight_format) == ("torch", "int8")
+
+
+def test_a_command_whose_extra_is_missing_says_which_extra(monkeypatch, capsys):
+    """Without the server extra, `specdec serve ...` names the extra in one line (exit 2); generate still works."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_fastapi(name, *args, **kwargs):
+        if name == "fastapi" or name.startswith("fastapi."):
+            raise ModuleNotFoundError("No module named 'fastapi'", name="fastapi")
+        return real_import(name, *args, **kwargs)
+
+    import sys
+
+    for module in [m for m in sys.modules if m.startswith("specdec.server") or m.startswith("fastapi")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setattr(builtins, "__import__", no_fastapi)
+    code = main(["serve", "default", "--port", "9", "--api-key", "k"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip() == ("specdec serve: error: 'specdec serve' needs the server extra (fastapi is not installed): "
+                           "pip install 'specdec[server]'")
+    with pytest.raises(SystemExit) as help_exit:  # the other commands are unaffected
+        main(["generate", "--help"])
+    assert help_exit.value.code == 0

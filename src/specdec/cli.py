@@ -50,13 +50,36 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print the result and statistics as JSON")
     gen.set_defaults(handler=_run_generate)
 
-    for module in ("specdec.server.cli", "specdec.bench.cli", "specdec.distill.cli", "specdec.tune.cli"):
+    for module, command, extra in OPTIONAL_COMMANDS:
         try:
-            register = __import__(module, fromlist=["register"]).register
-        except ImportError:
-            continue
-        register(commands)
+            __import__(module, fromlist=["register"]).register(commands)
+        except ImportError as exc:  # an extra is not installed: the command says which, instead of vanishing
+            _register_missing(commands, command, extra, exc)
     return parser
+
+
+# (module whose register() adds the subcommand, its name, the pip extra it needs)
+OPTIONAL_COMMANDS = (
+    ("specdec.server.cli", "serve", "server"),
+    ("specdec.bench.cli", "bench", "bench"),
+    ("specdec.distill.cli", "distill", "distill"),
+    ("specdec.tune.cli", "tune", "bench"),
+)
+
+
+def _register_missing(commands, command: str, extra: str, exc: ImportError) -> None:
+    missing = exc.name or str(exc)
+    # No option prefix: whatever follows the command (flags included) is swallowed, so the refusal below is what
+    # the user sees, not an argparse complaint about a flag the missing command would have known.
+    stub = commands.add_parser(command, help=f"(needs: pip install 'specdec[{extra}]')", add_help=False,
+                               prefix_chars="\0")
+    stub.add_argument("ignored", nargs=argparse.REMAINDER)
+
+    def refuse(_args: argparse.Namespace) -> int:
+        raise UserError(f"'specdec {command}' needs the {extra} extra ({missing} is not installed): "
+                        f"pip install 'specdec[{extra}]'")
+
+    stub.set_defaults(handler=refuse)
 
 
 def main(argv: list[str] | None = None) -> int:

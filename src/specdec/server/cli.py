@@ -12,6 +12,12 @@ import sys
 def register(commands) -> None:
     """Add the `serve` subcommand to the `specdec` argparse subparsers."""
     from ..cli_common import add_model_arguments, add_spec_arguments
+    from .limits import (  # needs the server extra: imported before the parser is added, so a miss adds nothing
+        DEFAULT_MAX_QUEUE,
+        DEFAULT_MAX_REQUEST_BYTES,
+        DEFAULT_READ_TIMEOUT,
+        DEFAULT_SHUTDOWN_GRACE,
+    )
 
     serve = commands.add_parser(
         "serve", help="run an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)",
@@ -28,13 +34,6 @@ def register(commands) -> None:
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="model name(s) clients send in 'model' (default: the target model argument)")
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
-    from .limits import (
-        DEFAULT_MAX_QUEUE,
-        DEFAULT_MAX_REQUEST_BYTES,
-        DEFAULT_READ_TIMEOUT,
-        DEFAULT_SHUTDOWN_GRACE,
-    )
-
     serve.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
                        help=f"largest request body accepted; larger is 413 (default {DEFAULT_MAX_REQUEST_BYTES}, "
                        "8 MiB)")
