@@ -227,7 +227,7 @@ def test_a_command_whose_extra_is_missing_says_which_extra(monkeypatch, capsys):
 
     import sys
 
-    for module in [m for m in sys.modules if m.startswith("specdec.server") or m.startswith("fastapi")]:
+    for module in [m for m in sys.modules if m.startswith(("specdec.server", "fastapi"))]:
         monkeypatch.delitem(sys.modules, module)
     monkeypatch.setattr(builtins, "__import__", no_fastapi)
     code = main(["serve", "default", "--port", "9", "--api-key", "k"])
