@@ -5,14 +5,33 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot_results(results: dict, path: str | Path) -> Path | None:
-    """Draw the two panels with matplotlib's Agg backend; None (and no file) when matplotlib is missing."""
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed), or None when matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg", force=True)
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write and close a figure; returns the path written."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_results(results: dict, path: str | Path) -> Path | None:
+    """Draw the two panels with matplotlib's Agg backend; None (and no file) when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
         return None
     summary = results["summary"]
     methods = list(summary["overall"])
@@ -44,11 +63,7 @@ def plot_results(results: dict, path: str | Path) -> Path | None:
     lines.set_title("Acceptance rate per draft position")
     if plotted:
         lines.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
-__all__ = ["plot_results"]
+__all__ = ["plot_results", "pyplot", "save_figure"]

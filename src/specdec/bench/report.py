@@ -186,7 +186,8 @@ def summarise(results: dict) -> dict:
 
 # -- markdown -------------------------------------------------------------------------------------------------
 
-def _fmt(value, spec=".2f", suffix="") -> str:
+def format_cell(value, spec=".2f", suffix="") -> str:
+    """A table cell: "–" for no value, yes/**NO** for a flag, else the number formatted."""
     if value is None:
         return "–"
     if isinstance(value, bool):
@@ -197,10 +198,10 @@ def _fmt(value, spec=".2f", suffix="") -> str:
 def _identical_cell(row: dict) -> str:
     cells = []
     if row.get("identical_to_plain") is not None:
-        cells.append(f"{_fmt(row['identical_to_plain'])} ({row['num_identical_to_plain']})")
+        cells.append(f"{format_cell(row['identical_to_plain'])} ({row['num_identical_to_plain']})")
     for baseline in BASELINES[1:]:
         if row.get(f"identical_to_{baseline}") is not None:
-            cells.append(f"vs {baseline} {_fmt(row[f'identical_to_{baseline}'])} "
+            cells.append(f"vs {baseline} {format_cell(row[f'identical_to_{baseline}'])} "
                          f"({row[f'num_identical_to_{baseline}']})")
     return "; ".join(cells) if cells else ("baseline" if row.get("is_baseline") else "–")
 
@@ -219,13 +220,13 @@ def method_table(summary: dict) -> str:
         "|---|---:|---:|---:|" + "---:|" * len(peers) + "---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, row in summary["overall"].items():
-        peer_cells = "".join(f"| {_fmt(row.get(f'speedup_vs_{b}'), '.2f', 'x')} " for b in peers)
+        peer_cells = "".join(f"| {format_cell(row.get(f'speedup_vs_{b}'), '.2f', 'x')} " for b in peers)
         lines.append(
-            f"| {name} | {_fmt(row['tokens_per_second'])} | {_fmt(row.get('decode_tokens_per_second'))} "
-            f"| {_fmt(row.get('speedup'), '.2f', 'x')} {peer_cells}| {_fmt(row['acceptance_rate'], '.3f')} "
-            f"| {_fmt(row['mean_acceptance_length'], '.2f')} | {_fmt(row['mean_k'], '.1f')} "
-            f"| {_fmt(row['cost_ratio'], '.3f')} | {_fmt(row.get('verify_cost'), '.2f')} "
-            f"| {_fmt(row['leviathan_bound'], '.2f', 'x')} | {_fmt(row.get('cost_model_bound'), '.2f', 'x')} "
+            f"| {name} | {format_cell(row['tokens_per_second'])} | {format_cell(row.get('decode_tokens_per_second'))} "
+            f"| {format_cell(row.get('speedup'), '.2f', 'x')} {peer_cells}| {format_cell(row['acceptance_rate'], '.3f')} "
+            f"| {format_cell(row['mean_acceptance_length'], '.2f')} | {format_cell(row['mean_k'], '.1f')} "
+            f"| {format_cell(row['cost_ratio'], '.3f')} | {format_cell(row.get('verify_cost'), '.2f')} "
+            f"| {format_cell(row['leviathan_bound'], '.2f', 'x')} | {format_cell(row.get('cost_model_bound'), '.2f', 'x')} "
             f"| {_identical_cell({**row, 'is_baseline': name == 'plain'})} |"
         )
     return "\n".join(lines)
@@ -240,11 +241,11 @@ def task_table(summary: dict, baseline: str = "plain") -> str:
     for name, row in summary["overall"].items():
         if row.get(key) is None:
             continue
-        cells = [_fmt(summary["per_task"][t].get(name, {}).get(key), ".2f", "x") for t in tasks]
+        cells = [format_cell(summary["per_task"][t].get(name, {}).get(key), ".2f", "x") for t in tasks]
         lines.append(
             f"| {name} | " + " | ".join(cells)
-            + f" | {_fmt(row.get(key), '.2f', 'x')} | {_fmt(row['mean_acceptance_length'], '.2f')} "
-            f"| {_fmt(row['tokens_per_second'])} |"
+            + f" | {format_cell(row.get(key), '.2f', 'x')} | {format_cell(row['mean_acceptance_length'], '.2f')} "
+            f"| {format_cell(row['tokens_per_second'])} |"
         )
     return "\n".join(lines)
 
@@ -258,7 +259,7 @@ def task_acceptance_table(summary: dict) -> str:
         for t in tasks:
             row = summary["per_task"][t].get(name)
             cells.append("–" if not row or row["acceptance_rate"] is None
-                         else f"{row['acceptance_rate']:.3f} / {_fmt(row['mean_acceptance_length'])}")
+                         else f"{row['acceptance_rate']:.3f} / {format_cell(row['mean_acceptance_length'])}")
         if any(c != "–" for c in cells):
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -85,25 +85,24 @@ def _names(value: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(item.strip() for item in items if item and item.strip()))
 
 
-def parse_drafters(value: str | Sequence[str]) -> tuple[str, ...]:
-    """'draft_model,prompt_lookup' -> ('draft_model', 'prompt_lookup'); unknown names are a ConfigError."""
+def _choose(value: str | Sequence[str], allowed: Sequence[str], what: str) -> tuple[str, ...]:
     names = _names(value)
     if not names:
-        raise ConfigError(f"no drafter given; choose from {', '.join(DRAFTERS)}")
-    unknown = [n for n in names if n not in DRAFTERS]
+        raise ConfigError(f"no {what} given; choose from {', '.join(allowed)}")
+    unknown = [n for n in names if n not in allowed]
     if unknown:
-        raise ConfigError(f"unknown drafter {unknown[0]!r}; choose from {', '.join(DRAFTERS)}")
+        raise ConfigError(f"unknown {what} {unknown[0]!r}; choose from {', '.join(allowed)}")
     return tuple(names)
+
+
+def parse_drafters(value: str | Sequence[str]) -> tuple[str, ...]:
+    """'draft_model,prompt_lookup' -> ('draft_model', 'prompt_lookup'); unknown names are a ConfigError."""
+    return _choose(value, DRAFTERS, "drafter")
 
 
 def parse_policies(value: str | Sequence[str]) -> tuple[str, ...]:
-    names = _names(value)
-    if not names:
-        raise ConfigError(f"no k policy given; choose from {', '.join(K_POLICIES)}")
-    unknown = [n for n in names if n not in K_POLICIES]
-    if unknown:
-        raise ConfigError(f"unknown k policy {unknown[0]!r}; choose from {', '.join(K_POLICIES)}")
-    return tuple(names)
+    """'fixed,adaptive' -> ('fixed', 'adaptive'); unknown names are a ConfigError."""
+    return _choose(value, K_POLICIES, "k policy")
 
 
 def parse_drafts(value: str | Sequence[str] | None, target: str) -> list[DraftCandidate]:

@@ -5,27 +5,17 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from ..bench.plot import pyplot, save_figure
 from ..metrics import leviathan_speedup
 
 _MARKERS = {"fixed": "o", "adaptive": "s", "heuristic": "^"}
 MAX_POSITION_LINES = 10
 
 
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=True)
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
 def plot_speedup_vs_rejection(result, path: str | Path) -> Path | None:
     """Each configuration at (1 - acceptance rate, measured speedup); per drafter, the Leviathan bound over the
     rejection rate at that drafter's median measured c and k. None (no file) without matplotlib or data."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = [r for r in result.rows if r.get("speedup") is not None and r.get("rejection_rate") is not None]
     if plt is None or not rows:
         return None
@@ -56,16 +46,12 @@ def plot_speedup_vs_rejection(result, path: str | Path) -> Path | None:
     ax.set_ylabel("measured speedup over plain decoding")
     ax.set_title("Speedup vs rejection rate (numbers: rank; below the dashed line is slower)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_acceptance_by_position(result, path: str | Path) -> Path | None:
     """P(position i accepted | a draft reached it) per configuration, best-ranked first (at most 10 lines)."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = [r for r in result.rows if r.get("acceptance_rate_per_pos")][:MAX_POSITION_LINES]
     if plt is None or not rows:
         return None
@@ -79,11 +65,7 @@ def plot_acceptance_by_position(result, path: str | Path) -> Path | None:
     ax.set_ylim(0, 1.05)
     ax.set_title("Acceptance by draft position")
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 __all__ = ["plot_acceptance_by_position", "plot_speedup_vs_rejection"]

@@ -6,18 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..bench.report import write_results
+from ..bench.report import format_cell, write_results
 from ..config import ModelRef
 from .config_file import write_run_config
 from .run import TuneResult
-
-
-def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "yes" if value else "**NO**"
-    return f"{value:{spec}}{suffix}"
 
 
 def ranked_table(result: TuneResult) -> str:
@@ -33,10 +25,10 @@ def ranked_table(result: TuneResult) -> str:
         identical = row.get("identical_to_plain")
         lines.append(
             f"| {row['rank']} | {row['draft'] or '–'} | {row['drafter']} | {_policy(row)} "
-            f"| {_fmt(row['speedup'], '.2f', 'x')} | {_fmt(row['leviathan_bound'], '.2f', 'x')} "
-            f"| {_fmt(row['cost_model_bound'], '.2f', 'x')} | {_fmt(row['acceptance_rate'], '.3f')} "
-            f"| {_fmt(row['mean_acceptance_length'])} | {_fmt(row['mean_k'], '.1f')} | {_fmt(row['cost_ratio'], '.3f')} "
-            f"| {_fmt(row['verify_cost'])} | {_fmt(identical)}"
+            f"| {format_cell(row['speedup'], '.2f', 'x')} | {format_cell(row['leviathan_bound'], '.2f', 'x')} "
+            f"| {format_cell(row['cost_model_bound'], '.2f', 'x')} | {format_cell(row['acceptance_rate'], '.3f')} "
+            f"| {format_cell(row['mean_acceptance_length'])} | {format_cell(row['mean_k'], '.1f')} | {format_cell(row['cost_ratio'], '.3f')} "
+            f"| {format_cell(row['verify_cost'])} | {format_cell(identical)}"
             f"{' (' + row['num_identical_to_plain'] + ')' if identical is not None else ''} | {verdict} |"
         )
     return "\n".join(lines)
@@ -51,9 +43,9 @@ def task_table(result: TuneResult) -> str:
     tasks = result.info.get("tasks") or []
     lines = ["| rank | configuration | " + " | ".join(tasks) + " | all |", "|---:|---|" + "---:|" * (len(tasks) + 1)]
     for row in result.rows:
-        cells = [_fmt(row["speedup_per_task"].get(t), ".2f", "x") for t in tasks]
+        cells = [format_cell(row["speedup_per_task"].get(t), ".2f", "x") for t in tasks]
         lines.append(f"| {row['rank']} | {row['candidate']} | " + " | ".join(cells)
-                     + f" | {_fmt(row['speedup'], '.2f', 'x')} |")
+                     + f" | {format_cell(row['speedup'], '.2f', 'x')} |")
     return "\n".join(lines)
 
 
