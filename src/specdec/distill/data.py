@@ -3,21 +3,19 @@ continuations of the training prompts with its top-K token distributions at ever
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..bench.datasets import BenchPrompt, DatasetError, load_tasks, parse_tasks
+from ..bench.datasets import BenchPrompt, DatasetError, load_prompt_file, load_tasks, parse_tasks
 from ..config import SamplingParams
 from ..engine import plain_engine
 from ..kvcache import ContextOverflowError
 from .losses import topk_log_probs
 
 DEFAULT_TOP_K = 64
-_TEXT_KEYS = ("prompt", "text", "instruction", "question")
 
 
 @dataclass(frozen=True)
@@ -41,36 +39,6 @@ class DistillExample:
     continuation: list[int]
     topk_ids: torch.Tensor  # [len(continuation), K] long
     topk_log_probs: torch.Tensor  # [len(continuation), K] float32
-
-
-def load_prompt_file(path: str | Path, task: str = "prompts") -> list[BenchPrompt]:
-    """Prompts from a JSONL file: one object per line with "prompt" (or "text", "instruction", "question") and an
-    optional "id", or one JSON string per line. Blank lines are skipped; anything else is a DatasetError."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise DatasetError(f"cannot read prompts file {path}: {exc.strerror or exc}") from exc
-    prompts: list[BenchPrompt] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
-        if isinstance(record, dict):
-            text = next((record[k] for k in _TEXT_KEYS if isinstance(record.get(k), str)), None)
-            prompt_id = str(record.get("id", number))
-        else:
-            text, prompt_id = record, str(number)
-        if not isinstance(text, str) or not text.strip():
-            raise DatasetError(f"{path}:{number}: expected a non-empty string or an object with a "
-                               f"{' / '.join(repr(k) for k in _TEXT_KEYS)} string")
-        prompts.append(BenchPrompt(task, prompt_id, text, text))
-    if not prompts:
-        raise DatasetError(f"{path} holds no prompts")
-    return prompts
 
 
 def split_prompt_file(path: str | Path, holdout: int, heldout_path: str | Path | None = None) -> PromptSplit:

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import torch
 
+from ..backends.base import embeddable_ids
 from ..config import SamplingParams, SpecConfig
 from ..sampling import greedy_tokens, probabilities, sample_token
 from .base import Draft, register_drafter
@@ -36,7 +37,7 @@ class DraftModelDrafter:
         self._prompt_fed = False  # whether this request's first catch-up (the prompt) has happened
         # Ids the draft model can embed (llama.cpp's table has one row per vocabulary id). load_pair refuses a
         # draft that cannot read the target's tokens; a padding id the target scores may still turn up.
-        self.embeddable = int(getattr(draft_backend, "num_embeddings", None) or draft_backend.vocab_size)
+        self.embeddable = embeddable_ids(draft_backend)
         self._checked = 0  # context tokens already checked against self.embeddable
         self._unreadable = False  # the context holds an id the draft model cannot embed
 

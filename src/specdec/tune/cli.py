@@ -85,11 +85,9 @@ def options_from_args(args: argparse.Namespace):
 
 def prompts_from_args(args: argparse.Namespace):
     """The user's prompts (--prompts, first --limit) or the bench tasks' (--tasks, --limit problems each)."""
-    from ..bench.datasets import DEFAULT_TASKS, load_tasks, parse_tasks
+    from ..bench.datasets import DEFAULT_TASKS, load_prompt_file, load_tasks, parse_tasks
 
     if args.prompts is not None:
-        from ..distill.data import load_prompt_file
-
         return load_prompt_file(args.prompts)[: args.limit]
     return load_tasks(parse_tasks(args.tasks or ",".join(DEFAULT_TASKS)), args.limit)
 
