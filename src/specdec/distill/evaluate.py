@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..bench.datasets import BenchPrompt
 from ..bench.methods import MethodOptions, resolve_methods
-from ..bench.report import write_results
+from ..bench.report import format_cell, write_results
 from ..bench.runner import BenchConfig, run_bench
 from ..config import SamplingParams
 from ..pipeline import SpecDecoder
@@ -68,14 +68,7 @@ def compare(before: dict, after: dict) -> dict:
 
 
 def _cell(pair: dict, spec: str) -> str:
-    def one(value):
-        if value is None:
-            return "–"
-        if isinstance(value, bool):
-            return "yes" if value else "**NO**"
-        return f"{value:{spec}}"
-
-    return f"{one(pair['before'])} → {one(pair['after'])}"
+    return f"{format_cell(pair['before'], spec)} → {format_cell(pair['after'], spec)}"
 
 
 def comparison_table(rows: dict) -> str:
@@ -100,8 +93,8 @@ def report_markdown(report: dict) -> str:
          f"{data['top_k']} log-probs per position (renormalised over those K ids)"),
         (f"- training: {train['method']}, loss {train['loss']}, {train['steps']} steps of batch {train['batch_size']}, "
          f"lr {train['lr']}, {train['dtype']} on {train['device']}, seed {train['seed']}; loss "
-         f"{_num(train.get('loss_first'))} → {_num(train.get('loss_last'))} (mean of the first and last tenth of "
-         f"the steps)"),
+         f"{format_cell(train.get('loss_first'), '.4f')} → {format_cell(train.get('loss_last'), '.4f')} "
+         "(mean of the first and last tenth of the steps)"),
     ]
     if report.get("gguf_note"):
         lines.append(f"- GGUF: {report['gguf_note']}")
@@ -129,10 +122,6 @@ def report_markdown(report: dict) -> str:
          "without a drafter, same target, same run). The full bench tables are in eval-before/ and eval-after/."),
     ]
     return "\n".join(lines) + "\n"
-
-
-def _num(value) -> str:
-    return "–" if value is None else f"{value:.4f}"
 
 
 def write_report(report: dict, out_dir: str | Path, before: dict | None = None, after: dict | None = None) -> dict:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
 
-from .errors import APIError, error_body
+from .errors import APIError
 from .metrics import ServerMetrics
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
@@ -187,8 +187,7 @@ class RequestBodyGuard:
 
 
 async def _send_error(scope, receive, send, status: int, message: str, code: str) -> None:
-    kind = "invalid_request_error" if status < 500 else "server_error"
     # The rest of the request is not read, so the connection cannot carry another one.
-    response = JSONResponse(error_body(message, kind, None, code), status_code=status,
+    response = JSONResponse(APIError(status, message, code=code).body(), status_code=status,
                             headers={"Connection": "close"})
     await response(scope, receive, send)
