@@ -117,7 +117,7 @@ class SpeculativeEngine:
         stats = SpecStats(num_prompt_tokens=len(prompt))
         self.last_stats = stats
         began = time.perf_counter()
-        generator = make_generator(params.seed)
+        generator = make_generator(params.seed, getattr(self.target, "device", "cpu"))
         eos = frozenset() if params.ignore_eos else self.target.eos_token_ids
         text = TextStream(self.decode, params.stop)
         request_policies: dict = {}

@@ -48,14 +48,25 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return torch.argmax(logits, dim=-1)
 
 
+def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one id per row of probs [..., V] (unnormalised weights are fine), on probs' device, without a host sync.
+
+    The exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. picks id i with probability p_i / sum(p)
+    (torch.multinomial's own one-sample path). Ids with p = 0 are never drawn while any p > 0.
+    """
+    noise = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
+    return torch.argmax(probs.float() / noise.clamp_min_(torch.finfo(torch.float32).tiny), dim=-1)
+
+
 def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one token id from a 1-D distribution."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    return int(sample_rows(probs, generator))
 
 
-def make_generator(seed: int | None) -> torch.Generator:
-    """A CPU generator seeded from the request (or from fresh entropy when seed is None)."""
-    generator = torch.Generator(device="cpu")
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator on `device` (the logits' device: a CPU generator cannot drive sampling on CUDA tensors),
+    seeded from the request, or from fresh entropy when seed is None."""
+    generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()
     else:

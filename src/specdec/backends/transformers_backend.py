@@ -1,4 +1,4 @@
-"""ModelBackend for transformers/PyTorch causal LMs, with a preallocated position-pointer KV cache."""
+"""ModelBackend for transformers/PyTorch causal LMs: eager with a position-pointer KV cache, or static (fixed buffers, CUDA graphs)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from ..kvcache import PreallocatedKV
 from .base import forward_rows
+from .static_decoder import DEFAULT_BUCKETS, StaticDecoder, static_support
 
 
 class _PointerLayer(DynamicLayer):
@@ -70,9 +71,18 @@ class PointerCache(Cache):
 
 
 class TransformersBackend:
-    """Wraps a loaded transformers causal LM (already in its weight format) behind ModelBackend."""
+    """Wraps a loaded transformers causal LM (already in its weight format) behind ModelBackend.
 
-    def __init__(self, model, tokenizer=None, name: str = "model", max_context: int | None = None):
+    static: run the static decoder (backends/static_decoder.py: fixed KV buffers, row buckets, CUDA
+    graphs on a GPU) instead of transformers' own forward. None (the default) chooses it when the model
+    is on CUDA and of a supported architecture; True insists (ValueError if unsupported); False never.
+    On CPU the eager path stays the default: there the tuned per-row kernels of the weight formats matter
+    more than launches.
+    """
+
+    def __init__(self, model, tokenizer=None, name: str = "model", max_context: int | None = None,
+                 static: bool | None = None, buckets=DEFAULT_BUCKETS, cuda_graphs: bool | None = None,
+                 pad_to_buckets: bool | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -92,9 +102,27 @@ class TransformersBackend:
         self._has_logits_to_keep = "logits_to_keep" in params
         self.forward_calls = 0
         self.forward_seconds = 0.0
+        if static is None:
+            static = self.device.type == "cuda" and static_support(model) is None
+        self.decoder = StaticDecoder(model, self.max_context, buckets, cuda_graphs, pad_to_buckets) if static else None
 
-    def new_cache(self, capacity: int | None = None) -> PointerCache:
-        return PointerCache(self.num_layers, capacity or self.max_context)
+    @property
+    def runtime(self) -> str:
+        """What runs a forward, for reports."""
+        if self.decoder is not None:
+            return f"torch {self.device.type}, {self.decoder.description}"
+        return f"torch {self.device.type}, eager transformers forward"
+
+    def new_cache(self, capacity: int | None = None):
+        capacity = capacity or self.max_context
+        if self.decoder is not None:
+            return self.decoder.new_cache(capacity)
+        return PointerCache(self.num_layers, capacity)
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (timing an asynchronous GPU needs it)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], cache: PointerCache, num_logits: int = 1) -> torch.Tensor:
@@ -102,6 +130,15 @@ class TransformersBackend:
         num_logits = forward_rows(tokens, cache, num_logits, self.name)
         n, start = len(tokens), cache.length
         began = time.perf_counter()
+        if self.decoder is not None:
+            try:
+                logits = self.decoder.forward(tokens, cache, num_logits)
+            except BaseException:
+                cache.length = start  # rows a failed pass wrote lie past the length: nothing else to undo
+                raise
+            self.forward_calls += 1
+            self.forward_seconds += time.perf_counter() - began
+            return logits
         input_ids = torch.as_tensor([list(tokens)], dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + n, device=self.device).unsqueeze(0)
         kwargs = {self._cache_kwarg: cache, "position_ids": positions, "use_cache": True}
