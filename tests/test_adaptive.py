@@ -187,8 +187,8 @@ def test_adaptive_policy_learns_from_the_engine(target_backend, self_draft_backe
 
     policies = []
 
-    def recording_make_policy(name, k):
-        policy = make_policy(name, k)
+    def recording_make_policy(name, k, pass_costs=None):
+        policy = make_policy(name, k, pass_costs)
         policies.append(policy)
         return policy
 

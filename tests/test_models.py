@@ -248,7 +248,8 @@ def test_default_model_ref_loads_the_packaged_pair(monkeypatch):
         def __init__(self, reference):
             self.name, self.vocab_size, self.tokenizer = reference, 10, None
 
-    def fake_load_backend(reference, weight_format, max_context, role, backend, threads, batch_invariant=True):
+    def fake_load_backend(reference, weight_format, max_context, role, backend, threads, batch_invariant=True,
+                          device="auto"):
         loaded.append((reference, role, backend))
         return Fake(reference)
 

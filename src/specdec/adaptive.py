@@ -10,9 +10,11 @@ The cost model is Leviathan et al.'s, with every term measured online instead of
   if m < n, position m was rejected; positions after m were never looked at and teach nothing.
 - draft_cost is the drafter's seconds per proposed token (exponentially weighted).
 - verify_cost(s) is the target's seconds for one forward over s = k + 1 tokens: an exponentially
-  weighted mean per size, with a least-squares line (slope >= 0) through the sizes seen for sizes
-  not yet seen; flat ("verifying costs one forward") while one size is known, and never cheaper
-  than the smallest measured size for sizes below it, so unmeasured sizes are not chosen on a guess.
+  weighted mean per size. For a size not yet seen it reads the backend's measured pass-cost curve
+  (calibration.py) when there is one, scaled to the level this engine measures at the sizes it has
+  seen; without a curve, a least-squares line (slope >= 0) through the sizes seen, flat ("verifying
+  costs one forward") while one size is known, and never cheaper than the smallest measured size
+  for sizes below it, so unmeasured sizes are not chosen on a guess.
 - k = 0 is a plain decoding step (rate 1 / verify_cost(1)); it wins when drafts are mostly rejected,
   the drafter is too slow to pay for itself, or verifying extra rows costs nearly as much as decoding
   them (compute-bound CPUs). The second step is a plain one, so that cost is measured early.
@@ -34,7 +36,11 @@ the fixed or heuristic policies (greedy output never depends on k).
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
+from typing import Mapping
+
+from .calibration import interpolate_cost
 
 
 @dataclass
@@ -63,6 +69,7 @@ class AdaptiveK:
                    toward the pooled rate), so a rarely reached position borrows strength from the others.
     explore_every: every this many decisions, try best k + 1 or - 1 (alternating); 0 disables.
     max_explore_every: the longest wait between explorations while best k = 0 (see the module docstring).
+    pass_costs:    the target's measured seconds per pass by row count (calibration.measure_pass_costs), or None.
     """
 
     def __init__(
@@ -75,12 +82,14 @@ class AdaptiveK:
         explore_every: int = 8,
         prior_acceptance: float = 0.5,
         max_explore_every: int = 128,
+        pass_costs: Mapping[int, float] | None = None,
     ):
         if max_k < 0:
             raise ValueError(f"max_k must be >= 0, got {max_k}")
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         self.max_k = max_k
+        self.pass_costs = dict(pass_costs) if pass_costs else None
         self.prior_k = min(4, max_k) if prior_k is None else max(0, min(prior_k, max_k))
         self.decay = decay
         self.time_alpha = time_alpha
@@ -173,6 +182,10 @@ class AdaptiveK:
         if seen is not None and seen.count > 0:
             return seen.value
         points = [(s, e.value) for s, e in self._verify.items() if e.count > 0]
+        if self.pass_costs:
+            # The curve's shape, at the level this engine pays (its steps carry verification and Python too).
+            level = statistics.median(t / interpolate_cost(self.pass_costs, s) for s, t in points) if points else 1.0
+            return interpolate_cost(self.pass_costs, size) * level
         if not points:
             return 1.0  # no measurement yet: only ratios matter, and k=prior until measured
         points.sort()

@@ -37,7 +37,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True, con
     )
     parser.add_argument(
         "--weight-format", "--dtype", dest="weight_format", choices=WEIGHT_FORMATS, default=None,
-        help="torch backend: weights for both models (default fp32, oneDNN-packed); giving it selects torch "
+        help="torch backend: weights for both models (default fp32, oneDNN-packed, on CPU; bf16 on CUDA); giving it selects torch "
         "under --backend auto. int8 (dynamic, per-row activations) is faster on CPU but its activation "
         "rounding amplifies tiny numeric differences between the batched verify pass and one-token decoding, "
         "so greedy output can differ from plain decoding at near-ties",
@@ -46,6 +46,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True, con
         "--draft-weight-format", dest="draft_weight_format", choices=WEIGHT_FORMATS + ("same",), default="int8",
         help="torch backend: weights for the draft model only (default int8; 'same' = as --weight-format). The "
         "draft's precision never changes the output, only how often drafts are accepted and how fast they are made",
+    )
+    parser.add_argument(
+        "--device", default="auto",
+        help="torch backend: auto (default: CUDA when present, else CPU), cpu, cuda or cuda:N. On CUDA the "
+        "weights are bf16 unless --weight-format fp32, and passes run as captured CUDA graphs over a static KV cache",
     )
     parser.add_argument("--max-context", "--max-model-len", dest="max_context", type=int, default=4096,
                         help="KV cache capacity in tokens (prompt + generated); default 4096")
@@ -134,10 +139,23 @@ def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
     if args.weight_format is not None and backend == "auto":
         backend = "torch"  # a weight format is a torch conversion: asking for one asks for torch
     return ModelRef(
-        target=target, draft=draft, weight_format=args.weight_format or "fp32", max_context=args.max_context,
+        target=target, draft=draft, weight_format=args.weight_format or default_weight_format(getattr(args, "device", "auto")),
+        max_context=args.max_context,
         draft_weight_format=None if draft_format == "same" else draft_format, backend=backend,
         threads=getattr(args, "threads", None), batch_invariant=getattr(args, "batch_invariant", True),
+        device=getattr(args, "device", "auto"),
     )
+
+
+def default_weight_format(device: str) -> str:
+    """bf16 on CUDA (what GPU checkpoints ship in), fp32 on the CPU (oneDNN-packed, exact per row)."""
+    if device.startswith("cuda"):
+        return "bf16"
+    if device == "auto":
+        import torch
+
+        return "bf16" if torch.cuda.is_available() else "fp32"
+    return "fp32"
 
 
 def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,9 +114,16 @@ class ModelRef:
     # contract). False takes llama.cpp's fastest, batch-dependent kernels: greedy output may then differ
     # from plain decoding at near-ties, as llama.cpp's own speculative decoding does.
     batch_invariant: bool = True
+    # torch backend: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N". On CUDA the weights
+    # are bf16 unless fp32 is asked for, and forwards run on the static decoder with CUDA graphs.
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         _check(bool(self.target), "a target model is required")
+        _check(
+            isinstance(self.device, str) and (self.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", self.device)),
+            f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}",
+        )
         _check(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
         _check(
             self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),

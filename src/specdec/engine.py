@@ -76,8 +76,23 @@ class SpeculativeEngine:
         else:
             owner = request_policies
         if source not in owner:
-            owner[source] = make_policy(self.spec.k_policy, self.spec.num_speculative_tokens)
+            owner[source] = make_policy(self.spec.k_policy, self.spec.num_speculative_tokens,
+                                        getattr(self.target, "pass_costs", None))
         return owner[source]
+
+    def calibrate(self, sizes=None) -> dict[int, float]:
+        """Measure the target's pass cost per row count on this engine's cache (calibration.py) and keep it on
+        the backend, where every adaptive policy made afterwards reads it. Sizes: 1 to k + 1 by default."""
+        from .calibration import DEFAULT_SIZES, measure_pass_costs
+
+        if self.cache is None:
+            self.cache = self.target.new_cache(self.target.max_context)
+        k = self.spec.num_speculative_tokens
+        sizes = sizes or sorted({s for s in DEFAULT_SIZES if s <= k + 1} | {1, k + 1})
+        costs = measure_pass_costs(self.target, sizes, context_tokens=min(256, self.cache.capacity // 2),
+                                   cache=self.cache)
+        self.target.pass_costs = costs
+        return costs
 
     def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
         """Refuse a request that cannot fit, before any work is done."""
@@ -123,6 +138,9 @@ class SpeculativeEngine:
         request_policies: dict = {}
         if self.cache is None:
             self.cache = self.target.new_cache(self.target.max_context)
+        if self.spec.k_policy == "adaptive" and getattr(self.target, "calibrate_on_first_use", False) \
+                and getattr(self.target, "pass_costs", None) is None:
+            self.calibrate()  # a GPU: rows are nearly free, which no line through two sizes would show
         cache = self.cache
         cache.trim(cache.length)
         drafter = self.drafter

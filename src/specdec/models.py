@@ -135,8 +135,8 @@ def assemble_packaged(name: str) -> Path:
     return target
 
 
-def choose_backend(requested: str, resolved: ResolvedModel) -> str:
-    """The runtime for one model: llama.cpp for GGUF files on CPU under 'auto', torch otherwise."""
+def choose_backend(requested: str, resolved: ResolvedModel, device: str = "auto") -> str:
+    """The runtime for one model: llama.cpp for GGUF files on CPU under 'auto', torch otherwise (and on CUDA)."""
     if requested == "torch":
         return "torch"
     if requested == "llama.cpp":
@@ -151,7 +151,7 @@ def choose_backend(requested: str, resolved: ResolvedModel) -> str:
         return "torch"
     import torch
 
-    if torch.cuda.is_available():
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return "torch"
     try:
         _require_llama_cpp()
@@ -187,6 +187,7 @@ def load_backend(
     backend: str = "auto",
     threads: int | None = None,
     batch_invariant: bool = True,
+    device: str = "auto",
 ):
     """Load one model (tokenizer + weights) on the chosen runtime and wrap it as a ModelBackend.
 
@@ -195,9 +196,11 @@ def load_backend(
     batch_invariant=False; drafts never need to be.
     """
     resolved = resolve(reference)
-    if choose_backend(backend, resolved) == "llama.cpp":
+    if choose_backend(backend, resolved, device) == "llama.cpp":
+        if device.startswith("cuda"):
+            raise ModelLoadError("the llama.cpp backend here runs on the CPU; use --backend torch for --device cuda")
         return _load_llamacpp(resolved, reference, max_context, role, threads, batch_invariant and role != "draft")
-    return _load_torch(reference, resolved, weight_format, max_context, role, threads)
+    return _load_torch(reference, resolved, weight_format, max_context, role, threads, device)
 
 
 def _load_llamacpp(
@@ -238,26 +241,49 @@ def from_pretrained_kwargs(resolved: ResolvedModel) -> dict:
     return kwargs
 
 
+def torch_device(device: str = "auto"):
+    """The torch device a model loads on: 'auto' is CUDA when present, else the CPU."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"--device {device}: no CUDA device is available (torch {torch.__version__})")
+    return torch.device(device)
+
+
+CUDA_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
 def _load_torch(
-    reference: str, resolved: ResolvedModel, weight_format: str, max_context: int, role: str, threads: int | None
+    reference: str, resolved: ResolvedModel, weight_format: str, max_context: int, role: str, threads: int | None,
+    device: str = "auto",
 ) -> TransformersBackend:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if threads:
         torch.set_num_threads(threads)
+    target_device = torch_device(device)
+    on_cuda = target_device.type == "cuda"
+    if on_cuda and weight_format not in CUDA_DTYPES:
+        raise ModelLoadError(f"weight format {weight_format!r} is a CPU format; on CUDA use bf16 or fp32")
     resolved = torch_source(reference, resolved)
     kwargs = from_pretrained_kwargs(resolved)
+    dtype = getattr(torch, CUDA_DTYPES[weight_format]) if on_cuda else torch.float32
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved.source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(resolved.source, dtype=torch.float32, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(resolved.source, dtype=dtype, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"could not load {role} model {reference!r}: {exc}") from exc
     if resolved.gguf_file:
         drop_gguf_marker(model)
-    if reference in DEFAULT_MODELS and resolved.gguf_file:
+    if reference in DEFAULT_MODELS and resolved.gguf_file and not on_cuda:
         save_converted(model, tokenizer, Path(resolved.source) / resolved.gguf_file)
-    apply_weight_format(model, weight_format)
+    if on_cuda:
+        model = model.to(target_device)
+    else:
+        apply_weight_format(model, weight_format)
     return TransformersBackend(model, tokenizer, name=resolved.label or reference, max_context=max_context)
 
 
@@ -352,13 +378,20 @@ def load_pair(
     backend: str = "auto",
     threads: int | None = None,
     batch_invariant: bool = True,
+    device: str = "auto",
 ):
     """Load target and draft ('default' = the packaged pair) and check they share a vocabulary."""
     target = "default-target" if target == "default" else target
     draft = "default-draft" if draft == "default" else draft
-    target_backend = load_backend(target, weight_format, max_context, "target", backend, threads, batch_invariant)
+    target_backend = load_backend(target, weight_format, max_context, "target", backend, threads, batch_invariant,
+                                  device)
     if draft is None:
         return target_backend, None
-    draft_backend = load_backend(draft, draft_weight_format or weight_format, max_context, "draft", backend, threads)
+    draft_format = draft_weight_format or weight_format
+    if getattr(target_backend, "device", None) is not None and target_backend.device.type == "cuda" \
+            and draft_format not in CUDA_DTYPES:
+        _note_once(f"specdec: the draft runs in {weight_format} on CUDA ({draft_format} is a CPU weight format)")
+        draft_format = weight_format
+    draft_backend = load_backend(draft, draft_format, max_context, "draft", backend, threads, device=device)
     check_vocab_compatible(target_backend, draft_backend)
     return target_backend, draft_backend

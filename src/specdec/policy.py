@@ -48,8 +48,9 @@ class HeuristicK:
             self.k = max(1, self.k - 1)
 
 
-def make_policy(name: str, k: int) -> KPolicy:
-    """Build a fresh per-request policy by name (fixed, heuristic, adaptive)."""
+def make_policy(name: str, k: int, pass_costs=None) -> KPolicy:
+    """Build a fresh per-request policy by name (fixed, heuristic, adaptive); pass_costs: the target's
+    measured pass-cost curve, which the adaptive policy reads."""
     if name == "fixed":
         return FixedK(k)
     if name == "heuristic":
@@ -57,5 +58,5 @@ def make_policy(name: str, k: int) -> KPolicy:
     if name == "adaptive":
         from .adaptive import AdaptiveK
 
-        return AdaptiveK(max_k=k)
+        return AdaptiveK(max_k=k, pass_costs=pass_costs)
     raise ValueError(f"unknown k policy {name!r}")

@@ -105,6 +105,9 @@ class TransformersBackend:
         if static is None:
             static = self.device.type == "cuda" and static_support(model) is None
         self.decoder = StaticDecoder(model, self.max_context, buckets, cuda_graphs, pad_to_buckets) if static else None
+        self.pass_costs: dict[int, float] | None = None  # measured by SpeculativeEngine.calibrate
+        # On CUDA graphs a calibration takes well under a second, and the cost curve is nothing like a line.
+        self.calibrate_on_first_use = self.decoder is not None and self.decoder.use_graphs
 
     @property
     def runtime(self) -> str:
