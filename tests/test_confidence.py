@@ -164,7 +164,7 @@ def test_engine_handles_empty_drafts(target_backend):
 def test_engine_handles_k_zero_steps(target_backend, draft_backend, monkeypatch, drafter_name):
     import specdec.engine as engine_module
 
-    monkeypatch.setattr(engine_module, "make_policy", lambda name, k: _ScriptedK([0, 3, 0, 0, 2, 1]))
+    monkeypatch.setattr(engine_module, "make_policy", lambda name, k, pass_costs=None: _ScriptedK([0, 3, 0, 0, 2, 1]))
     spec = SpecConfig(num_speculative_tokens=3, drafter=drafter_name)
     drafter = create_drafter(drafter_name, draft_backend=draft_backend, spec=spec)
     calls = []

@@ -183,19 +183,20 @@ def _resample_from_p(draft_tokens, draft_probs, target_probs, generator):
     return Verdict(k, sample_token(target_probs[k], generator), True)
 
 
-def simulate(tables: Tables, k: int, draws: int, seed: int, rule=verify_sampled):
+def simulate(tables: Tables, k: int, draws: int, seed: int, rule=verify_sampled, device: str = "cpu"):
     """Run the speculative loop until two tokens are emitted, `draws` times; count first and first-two tokens.
 
-    Draft tokens are drawn from q with numpy (inverse CDF, fast); the rule gets its own torch generator.
+    Draft tokens are drawn from q with numpy (inverse CDF, fast); the rule gets its own torch generator,
+    and its tensors and generator live on `device`.
     """
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
     rng = np.random.default_rng(seed)
     first = np.zeros(V, dtype=np.int64)
     joint = np.zeros((V, V), dtype=np.int64)
     accepted_first_step = 0
     positions = tables.p.shape[0]
-    p_rows_of = [[tables.p[pos, prev] for prev in range(V + 1)] for pos in range(positions)]
-    q_rows_of = [[tables.q[pos, prev] for prev in range(V + 1)] for pos in range(positions)]
+    p_rows_of = [[tables.p[pos, prev].to(device) for prev in range(V + 1)] for pos in range(positions)]
+    q_rows_of = [[tables.q[pos, prev].to(device) for prev in range(V + 1)] for pos in range(positions)]
     q_cdf = np.cumsum(tables.q.double().numpy(), axis=-1)
     q_cdf /= q_cdf[..., -1:]
     for _ in range(draws):
@@ -333,3 +334,31 @@ def test_negative_control_deterministic_draft_without_residual_fix():
     first, _, _ = simulate(tables, 1, N_DRAWS_CONTROL, seed=1, rule=wrong)
     p_value, tv, _ = distribution_check(first, tables.exact_first(), TV_FIRST)
     assert p_value < 1e-6 and tv > 0.05
+
+
+GPU_CASES = [("random", 3, 8_000), ("onehot_none", 2, 8_000), ("disjoint", 2, 4_000)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind,k,draws", GPU_CASES, ids=[f"{kind}-k{k}" for kind, k, _ in GPU_CASES])
+def test_rejection_sampling_on_cuda_emits_the_target_distribution(kind, k, draws):
+    """The same rule with its tensors and generator on the GPU (one host read per step)."""
+    tables = Tables(kind, k, seed=200 + k)
+    first, joint, _ = simulate(tables, k, draws, seed=k, device="cuda")
+    assert_matches(first, tables.exact_first(), tv_bound=TV_FIRST, label=f"cuda {kind} k={k} first token")
+    assert_matches(joint, tables.exact_joint(), tv_bound=TV_JOINT, label=f"cuda {kind} k={k} first two tokens")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_negative_control_on_cuda_always_accepting_is_detected():
+    def always_accept(tokens, draft_probs, target_probs, generator):
+        from specdec.sampling import sample_token
+
+        return Verdict(len(tokens), sample_token(target_probs[len(tokens)], generator), True)
+
+    tables = Tables("random", 2, seed=9)
+    first, joint, _ = simulate(tables, 2, 4_000, seed=1, rule=always_accept, device="cuda")
+    p_value, tv, problem = distribution_check(joint, tables.exact_joint(), TV_JOINT)
+    assert problem or p_value < 1e-6 or tv > TV_JOINT

@@ -25,13 +25,15 @@ def measure_pass_costs(backend, sizes: Sequence[int] = DEFAULT_SIZES, context_to
 
     Each timed pass is a forward plus the host reading its argmax (one device synchronisation, as
     the engine's verification does), and is rolled back afterwards. `cache` reuses a cache the caller
-    owns (it is emptied before and after); otherwise one is made for the measurement.
+    owns (it is emptied before and after; sizes that do not fit in it are left out); otherwise one is
+    made for the measurement.
     """
     sizes = sorted({int(s) for s in sizes if int(s) >= 1})
     capacity = context_tokens + max(sizes) + 1
-    if cache is None or cache.capacity < capacity:
+    if cache is None:
         cache = backend.new_cache(min(capacity, backend.max_context))
-    limit = cache.capacity - context_tokens
+    context_tokens = min(context_tokens, cache.capacity // 2)
+    limit = cache.capacity - context_tokens  # sizes that do not fit after the context are not measured
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, embeddable_ids(backend), (context_tokens + max(sizes),), generator=generator).tolist()
     cache.trim(cache.length)

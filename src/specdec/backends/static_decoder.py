@@ -48,6 +48,10 @@ def static_support(model) -> str | None:
         return f"model type {model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
     if getattr(text_config, "hidden_act", "silu") != "silu":
         return f"activation {text_config.hidden_act!r} is not silu"
+    layer_types = getattr(text_config, "layer_types", None) or ()
+    if any("sliding" in str(kind) for kind in layer_types) or (
+            model_type == "mistral" and getattr(text_config, "sliding_window", None) is not None):
+        return "sliding-window attention is not supported"
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None or getattr(inner, "rotary_emb", None) is None or getattr(model, "lm_head", None) is None:
@@ -227,11 +231,11 @@ class StaticDecoder:
     def forward(self, tokens: Sequence[int], cache: StaticKVCache, num_logits: int) -> torch.Tensor:
         """Append tokens at cache.length; return float32 logits [num_logits, vocab] of the last positions.
 
-        On the graph path long inputs run in chunks of the largest bucket (chunked prefill).
+        Inputs longer than the largest bucket run in chunks of it (chunked prefill).
         """
         n = len(tokens)
         start = cache.length
-        chunk = self.max_bucket if self.pad else n
+        chunk = self.max_bucket  # the inputs buffer and the padding slots hold one bucket
         first_needed = n - num_logits
         outputs = []
         for lo in range(0, n, chunk):

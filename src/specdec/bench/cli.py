@@ -55,6 +55,9 @@ def register(commands) -> None:
     bench.add_argument("--out", "-o", default="bench-results",
                        help="output directory for results.json, results.md, bench.png (default: bench-results/)")
     bench.add_argument("--no-plot", dest="plot", action="store_false", help="do not draw bench.png")
+    from .gpu_cli import add_gpu_arguments
+
+    add_gpu_arguments(bench)
     # HumanEval chat prompts stay under ~1k tokens; a smaller KV cache per engine keeps a 10-method run lean.
     bench.set_defaults(handler=run_bench_command, max_context=2048)
     for action in bench._actions:
@@ -91,6 +94,10 @@ def validate_bench_args(args: argparse.Namespace) -> None:
 
 def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
     """The `specdec bench` handler; `decoder` (an already loaded SpecDecoder) skips model loading."""
+    from .gpu_cli import run_gpu_bench_command, wants_gpu_bench
+
+    if decoder is None and wants_gpu_bench(args):
+        return run_gpu_bench_command(args)
     from .datasets import DatasetError
     from .report import to_markdown, write_results
     from .runner import BenchConfig, run_bench

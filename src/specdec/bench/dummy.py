@@ -97,16 +97,16 @@ def build_dummy_model(shape: str, device: str | torch.device = "cpu", dtype: tor
     return model
 
 
-def dummy_prompts(successor: torch.Tensor, count: int, length: int, seed: int = 0,
-                  copy_fraction: float = 0.5) -> list[tuple[str, list[int]]]:
-    """(kind, ids) prompts of `length` random ids; "copy" ones hold, mid-prompt, the successor chain the
-    output will follow (text that repeats its input: what prompt lookup copies), "fresh" ones do not."""
+def dummy_prompts(successor: torch.Tensor, count: int, length: int, seed: int = 0) -> list[tuple[str, list[int]]]:
+    """(kind, ids) prompts of `length` random ids, kinds alternating from "copy": a copy prompt holds,
+    mid-prompt, the successor chain the output will follow (text that repeats its input: what prompt
+    lookup copies); a fresh one does not."""
     generator = torch.Generator().manual_seed(seed)
     vocab = len(successor)
     prompts = []
     for i in range(count):
         ids = torch.randint(0, vocab, (length,), generator=generator).tolist()
-        kind = "copy" if i < round(count * copy_fraction) else "fresh"
+        kind = "copy" if i % 2 == 0 else "fresh"
         if kind == "copy":
             chain_length = length // 2
             chain = [ids[-1]]

@@ -115,8 +115,12 @@ def hf_generate(
     lookup_tokens: int | None = None,
     lookup_ngram: int | None = None,
     pad_token_id: int | None = None,
+    cache_implementation: str | None = None,
 ) -> HFRun:
     """Run target_model.generate() once (mode: plain, assisted or prompt_lookup) and measure it.
+
+    cache_implementation="static" is transformers' fast path on a GPU: a static cache, and generate()
+    compiles the decoding forward with torch.compile (CUDA graphs) on its first call.
 
     EOS handling matches our engine: stop on the same EOS ids, or on none with params.ignore_eos (the
     EOS token is then generated like any other, not suppressed as min_new_tokens would do).
@@ -137,7 +141,7 @@ def hf_generate(
         }
     call = _clean_generation_config(
         do_sample=not params.greedy, max_new_tokens=params.max_tokens, eos_token_id=eos, pad_token_id=pad,
-        repetition_penalty=1.0, num_beams=1, use_cache=True,
+        repetition_penalty=1.0, num_beams=1, use_cache=True, cache_implementation=cache_implementation,
         prompt_lookup_num_tokens=lookup_tokens if mode == "prompt_lookup" else None,
         max_matching_ngram_size=lookup_ngram if mode == "prompt_lookup" else None,
         **sampling,
@@ -150,7 +154,7 @@ def hf_generate(
             num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
         )
     stats = SpecStats(num_prompt_tokens=len(prompt_ids))
-    settings: dict = {"mode": mode}
+    settings: dict = {"mode": mode, "cache_implementation": cache_implementation or "dynamic"}
     device = next(target_model.parameters()).device
     input_ids = torch.as_tensor([list(prompt_ids)], dtype=torch.long, device=device)
     kwargs = {"attention_mask": torch.ones_like(input_ids), "generation_config": call}
