@@ -20,18 +20,18 @@ echo "rc=$?"; grep -E "passed|failed|Error|error" "$OUT/gpu-tests.txt" | tail -1
 echo "== bench 7B ($(elapsed) s)"
 timeout 200 specdec $DUMMY --dummy-target qwen2.5-7b --dummy-draft qwen2.5-0.5b --num-prompts 4 \
   --gpu-methods plain,replay_k8,lookup_adaptive,draft_k4,draft_adaptive,hf_eager,hf_assisted_k4,hf_prompt_lookup \
-  --time-budget 130 --out "$OUT/qwen2.5-7b" > "$OUT/bench-7b.log" 2>&1
-echo "rc=$?"; sed -n '9,20p' "$OUT/qwen2.5-7b/results.md" 2>/dev/null; grep -A30 "Pass cost of the target" "$OUT/qwen2.5-7b/results.md" 2>/dev/null | grep -E "^\| (ms|x)|kernels|: "; tail -4 "$OUT/bench-7b.log"
+  --time-budget 130 --out "$OUT/qwen2.5-7b" > /tmp/bench-7b.log 2>&1
+echo "rc=$?"; sed -n '9,20p' "$OUT/qwen2.5-7b/results.md" 2>/dev/null; grep -A30 "Pass cost of the target" "$OUT/qwen2.5-7b/results.md" 2>/dev/null | grep -E "^\| (ms|x)|kernels|: "; tail -4 /tmp/bench-7b.log
 if [ "$(elapsed)" -lt ${HF_STATIC_BEFORE:-220} ]; then
   echo "== transformers static+compile, 7B ($(elapsed) s)"
   timeout $(( ${END_BY:-330} - $(elapsed) )) specdec $DUMMY --dummy-target qwen2.5-7b --dummy-draft none --num-prompts 2 \
-    --gpu-methods plain,hf_eager,hf_static --out "$OUT/qwen2.5-7b-hf-static" > "$OUT/bench-7b-hf-static.log" 2>&1
-  echo "rc=$?"; sed -n '9,14p' "$OUT/qwen2.5-7b-hf-static/results.md" 2>/dev/null; tail -3 "$OUT/bench-7b-hf-static.log"
+    --gpu-methods plain,hf_eager,hf_static --out "$OUT/qwen2.5-7b-hf-static" > /tmp/bench-7b-hf-static.log 2>&1
+  echo "rc=$?"; sed -n '9,14p' "$OUT/qwen2.5-7b-hf-static/results.md" 2>/dev/null; tail -3 /tmp/bench-7b-hf-static.log
 fi
 if [ "$(elapsed)" -lt ${SMALL_BEFORE:-260} ]; then
   echo "== bench 1.5B ($(elapsed) s)"
   timeout $(( ${END_BY:-330} - $(elapsed) )) specdec $DUMMY --dummy-target qwen2.5-1.5b --dummy-draft qwen2.5-0.5b --num-prompts 2 \
-    --gpu-methods plain,replay_k8,lookup_adaptive,draft_adaptive,hf_eager --out "$OUT/qwen2.5-1.5b" > "$OUT/bench-1.5b.log" 2>&1
-  echo "rc=$?"; sed -n '9,16p' "$OUT/qwen2.5-1.5b/results.md" 2>/dev/null; tail -3 "$OUT/bench-1.5b.log"
+    --gpu-methods plain,replay_k8,lookup_adaptive,draft_adaptive,hf_eager --out "$OUT/qwen2.5-1.5b" > /tmp/bench-1.5b.log 2>&1
+  echo "rc=$?"; sed -n '9,16p' "$OUT/qwen2.5-1.5b/results.md" 2>/dev/null; tail -3 /tmp/bench-1.5b.log
 fi
 echo "== done ($(elapsed) s)"
