@@ -16,12 +16,12 @@ DUMMY="bench --load-format dummy --device cuda --prompt-tokens 300 --max-tokens 
 { nvidia-smi; python3 -c "import torch, transformers, sys; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"; } 2>&1 | tee "$OUT/env.txt" | grep -E "H200|H100|torch|Driver"
 echo "== gpu tests ($(elapsed) s)"
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_static_decoder.py tests/test_verify.py > "$OUT/gpu-tests.txt" 2>&1
-echo "rc=$?"; grep -E "passed|failed|Error|error" "$OUT/gpu-tests.txt" | tail -12
+echo "rc=$?"; grep -E "^(E  |FAILED)|passed|failed" "$OUT/gpu-tests.txt" | head -30
 echo "== bench 7B ($(elapsed) s)"
 timeout 200 specdec $DUMMY --dummy-target qwen2.5-7b --dummy-draft qwen2.5-0.5b --num-prompts 4 \
   --gpu-methods plain,replay_k8,lookup_adaptive,draft_k4,draft_adaptive,hf_eager,hf_assisted_k4,hf_prompt_lookup \
   --time-budget 130 --out "$OUT/qwen2.5-7b" > /tmp/bench-7b.log 2>&1
-echo "rc=$?"; sed -n '9,20p' "$OUT/qwen2.5-7b/results.md" 2>/dev/null; grep -A30 "Pass cost of the target" "$OUT/qwen2.5-7b/results.md" 2>/dev/null | grep -E "^\| (ms|x)|kernels|: "; tail -4 /tmp/bench-7b.log
+echo "rc=$?"; sed -n '9,20p' "$OUT/qwen2.5-7b/results.md" 2>/dev/null; grep -A30 "Pass cost of the target" "$OUT/qwen2.5-7b/results.md" 2>/dev/null | grep -E "^\| (ms|x)|kernels|: "; tail -8 /tmp/bench-7b.log
 if [ "$(elapsed)" -lt ${HF_STATIC_BEFORE:-220} ]; then
   echo "== transformers static+compile, 7B ($(elapsed) s)"
   timeout $(( ${END_BY:-330} - $(elapsed) )) specdec $DUMMY --dummy-target qwen2.5-7b --dummy-draft none --num-prompts 2 \
