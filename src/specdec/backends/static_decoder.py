@@ -109,7 +109,8 @@ def _norm_eps(norm: nn.Module) -> float:
 class StaticKVCache:
     """A KVCache over fixed buffers; `length` tokens are valid, rollback only moves the pointer.
 
-    keys[l] / values[l]: [kv_heads, slots, head_dim]; slots >= capacity + the largest bucket, so the
+    kv[l]: [2 * kv_heads, slots, head_dim], layer l's keys then its values (one write per layer and
+    pass); keys[l] / values[l] are views of its halves. slots >= capacity + the largest bucket, so the
     padding rows of a pass never write out of range. Graphs captured for this cache live here too:
     they hold the buffers' addresses.
     """
@@ -123,10 +124,12 @@ class StaticKVCache:
         self._capacity = capacity
         self.length = 0
         self.slots = decoder.max_slots
-        shape = (decoder.num_kv_heads, self.slots, decoder.head_dim)
+        heads = decoder.num_kv_heads
+        shape = (2 * heads, self.slots, decoder.head_dim)
         with torch.inference_mode():
-            self.keys = [torch.zeros(shape, dtype=decoder.dtype, device=decoder.device) for _ in range(decoder.num_layers)]
-            self.values = [torch.zeros(shape, dtype=decoder.dtype, device=decoder.device) for _ in range(decoder.num_layers)]
+            self.kv = [torch.zeros(shape, dtype=decoder.dtype, device=decoder.device) for _ in range(decoder.num_layers)]
+            self.keys = [buffer[:heads] for buffer in self.kv]
+            self.values = [buffer[heads:] for buffer in self.kv]
             # Row r of a pass: (token id, position). One host->device copy per pass fills it.
             self.inputs = torch.zeros(decoder.max_bucket, 2, dtype=torch.long, device=decoder.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -209,6 +212,9 @@ class StaticDecoder:
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.graph_failure: str | None = None  # why capture was given up, if it was
         self.passes = {}  # bucket -> passes run, for reports
+        # bucket -> the attention kernel measured fastest for its shapes (graph path; None: PyTorch's choice)
+        self.attention_choice: dict[int, object] = {}
+        self.attention_timings: dict[int, dict[str, float]] = {}
 
     @property
     def description(self) -> str:
@@ -218,7 +224,20 @@ class StaticDecoder:
         return "static KV cache, eager" + suffix
 
     def new_cache(self, capacity: int) -> StaticKVCache:
-        return StaticKVCache(self, capacity)
+        """A cache with every bucket's graph captured up front: a capture (tens of ms) inside a timed step
+        would teach the k policy that the step is slow."""
+        cache = StaticKVCache(self, capacity)
+        if self.use_graphs:
+            with torch.inference_mode():
+                for rows in self.buckets:
+                    cache.inputs[:rows, 0] = 0
+                    cache.inputs[:rows, 1] = torch.arange(rows, device=self.device)
+                    try:
+                        cache.graphs[rows] = self._capture(cache, rows)
+                    except RuntimeError as exc:
+                        self._give_up_graphs(exc)
+                        break
+        return cache
 
     def bucket_for(self, rows: int) -> int:
         for bucket in self.buckets:
@@ -278,6 +297,7 @@ class StaticDecoder:
 
     def _capture(self, cache: StaticKVCache, rows: int):
         """Warm up on a side stream, then capture one pass of `rows` rows; the warm-ups write the same KV the pass will."""
+        self._choose_attention(rows, cache.slots)
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -288,6 +308,56 @@ class StaticDecoder:
         with torch.cuda.graph(graph, pool=self._pool):
             out = self._compute(cache, rows, 0)
         return graph, out
+
+    def _choose_attention(self, rows: int, slots: int) -> None:
+        """Time each attention kernel PyTorch has on this bucket's shapes (with the mask) and keep the fastest.
+
+        On an H200 cuDNN's flash kernel takes ~17 us a layer for one query row over 640 slots: a tenth of a
+        7B pass, more of a 0.5B draft's. Which kernel wins depends on the GPU, the shapes and the versions,
+        so it is measured, like cuBLAS's own heuristics would be.
+        """
+        if rows in self.attention_choice:
+            return
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        shape_q = (1, self.num_kv_heads, self.groups * rows, self.head_dim)
+        shape_kv = (1, self.num_kv_heads, slots, self.head_dim)
+        q = torch.randn(shape_q, dtype=self.dtype, device=self.device)
+        k = torch.randn(shape_kv, dtype=self.dtype, device=self.device)
+        v = torch.randn(shape_kv, dtype=self.dtype, device=self.device)
+        mask = torch.zeros(1, 1, shape_q[2], slots, dtype=self.dtype, device=self.device)
+        mask[..., slots // 2 :] = float("-inf")
+        timings: dict[str, float] = {}
+        best, best_ms = None, float("inf")
+        for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH):
+            try:
+                with sdpa_kernel([backend]):
+                    for _ in range(3):
+                        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(20):
+                        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+                    end.record()
+                    end.synchronize()
+            except RuntimeError:  # this kernel does not take these shapes or a mask
+                continue
+            ms = start.elapsed_time(end) / 20
+            timings[backend.name] = round(ms * 1000, 2)  # microseconds
+            if ms < best_ms:
+                best, best_ms = backend, ms
+        self.attention_choice[rows] = best
+        self.attention_timings[rows] = timings
+
+    def _attention(self, q, keys, values, mask, rows: int) -> torch.Tensor:
+        backend = self.attention_choice.get(rows)
+        if backend is None:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
 
     def _compute(self, cache: StaticKVCache, rows: int, keep_from: int) -> torch.Tensor:
         """One pass over cache.inputs[:rows]: pure tensor work with fixed shapes (what a graph captures)."""
@@ -305,19 +375,17 @@ class StaticDecoder:
             y = F.rms_norm(x, (self.hidden,), w.norm_attn, self.eps)
             qkv = F.linear(y, w.qkv, w.qkv_bias).view(rows, h + 2 * kv, dim)
             if w.q_norm is not None:
-                q = _rope(F.rms_norm(qkv[:, :h], (dim,), w.q_norm, self.qk_norm_eps), cos, sin)
-                k = _rope(F.rms_norm(qkv[:, h : h + kv], (dim,), w.k_norm, self.qk_norm_eps), cos, sin)
-            else:
-                qk = _rope(qkv[:, : h + kv], cos, sin)
-                q, k = qk[:, :h], qk[:, h:]
-            v = qkv[:, h + kv :]
+                qkv[:, :h] = F.rms_norm(qkv[:, :h], (dim,), w.q_norm, self.qk_norm_eps)
+                qkv[:, h : h + kv] = F.rms_norm(qkv[:, h : h + kv], (dim,), w.k_norm, self.qk_norm_eps)
+            # Rotate q and k in place, so that k and v sit side by side and reach the cache in one write.
+            qk = qkv[:, : h + kv]
+            _rope(qk, cos, sin, out=qk)
+            q = qkv[:, :h]
+            cache.kv[index].index_copy_(1, positions, qkv[:, h:].transpose(0, 1))
             keys, values = cache.keys[index], cache.values[index]
-            keys.index_copy_(1, positions, k.transpose(0, 1))
-            values.index_copy_(1, positions, v.transpose(0, 1))
             # Query heads sharing a KV head become rows of one attention over that head: [kv, groups * rows, dim].
             q = q.reshape(rows, kv, self.groups, dim).permute(1, 2, 0, 3).reshape(kv, self.groups * rows, dim)
-            attn = F.scaled_dot_product_attention(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
-                                                  attn_mask=mask, scale=self.scaling)
+            attn = self._attention(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), mask, rows)
             attn = attn[0].reshape(kv, self.groups, rows, dim).permute(2, 0, 1, 3).reshape(rows, heads * dim)
             x = x + F.linear(attn, w.out)
             y = F.rms_norm(x, (self.hidden,), w.norm_mlp, self.eps)
@@ -327,9 +395,12 @@ class StaticDecoder:
         return F.linear(x, self.lm_head, self.lm_head_bias).float()
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [rows, heads, dim]: x * cos + rotate_half(x) * sin, as transformers computes it."""
-    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin_signed)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary embedding of x [rows, heads, dim]: x * cos + rotate_half(x) * sin, as transformers computes it.
+
+    out may be x itself: both operands are computed into new tensors before it is written.
+    """
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin_signed, out=out)
 
 
 __all__ = ["DEFAULT_BUCKETS", "StaticDecoder", "StaticKVCache", "static_support"]
