@@ -167,8 +167,9 @@ def test_cuda_graph_logits_equal_transformers_forward_fp32(arch):
     assert static.decoder.use_graphs
     _replay_against_eager(eager, static, STEPS, atol=1e-3)
     assert static.decoder.graph_failure is None
-    assert set(static.new_cache(64).graphs) == set(static.decoder.buckets)  # captured with the cache
-    assert static.decoder.attention_choice[1] is not None  # an attention kernel was measured and chosen
+    # a new cache after the first one (and its graphs) was freed: captured into its own memory pool
+    assert set(static.new_cache(64).graphs) == set(static.decoder.buckets)
+    assert static.decoder.graph_failure is None
 
 
 @pytest.mark.gpu

@@ -133,6 +133,9 @@ class StaticKVCache:
             # Row r of a pass: (token id, position). One host->device copy per pass fills it.
             self.inputs = torch.zeros(decoder.max_bucket, 2, dtype=torch.long, device=decoder.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # The cache's graphs share one memory pool, which lives and dies with them: a pool id whose graphs
+        # were all freed must not be captured into again (PyTorch's allocator asserts).
+        self.pool = torch.cuda.graph_pool_handle() if decoder.use_graphs else None
 
     @property
     def capacity(self) -> int:
@@ -209,12 +212,8 @@ class StaticDecoder:
         if self.use_graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
         self.pad = self.use_graphs if pad is None else bool(pad)
-        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.graph_failure: str | None = None  # why capture was given up, if it was
         self.passes = {}  # bucket -> passes run, for reports
-        # bucket -> the attention kernel measured fastest for its shapes (graph path; None: PyTorch's choice)
-        self.attention_choice: dict[int, object] = {}
-        self.attention_timings: dict[int, dict[str, float]] = {}
 
     @property
     def description(self) -> str:
@@ -297,7 +296,6 @@ class StaticDecoder:
 
     def _capture(self, cache: StaticKVCache, rows: int):
         """Warm up on a side stream, then capture one pass of `rows` rows; the warm-ups write the same KV the pass will."""
-        self._choose_attention(rows, cache.slots)
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -305,59 +303,9 @@ class StaticDecoder:
                 self._compute(cache, rows, 0)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=cache.pool):
             out = self._compute(cache, rows, 0)
         return graph, out
-
-    def _choose_attention(self, rows: int, slots: int) -> None:
-        """Time each attention kernel PyTorch has on this bucket's shapes (with the mask) and keep the fastest.
-
-        On an H200 cuDNN's flash kernel takes ~17 us a layer for one query row over 640 slots: a tenth of a
-        7B pass, more of a 0.5B draft's. Which kernel wins depends on the GPU, the shapes and the versions,
-        so it is measured, like cuBLAS's own heuristics would be.
-        """
-        if rows in self.attention_choice:
-            return
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        shape_q = (1, self.num_kv_heads, self.groups * rows, self.head_dim)
-        shape_kv = (1, self.num_kv_heads, slots, self.head_dim)
-        q = torch.randn(shape_q, dtype=self.dtype, device=self.device)
-        k = torch.randn(shape_kv, dtype=self.dtype, device=self.device)
-        v = torch.randn(shape_kv, dtype=self.dtype, device=self.device)
-        mask = torch.zeros(1, 1, shape_q[2], slots, dtype=self.dtype, device=self.device)
-        mask[..., slots // 2 :] = float("-inf")
-        timings: dict[str, float] = {}
-        best, best_ms = None, float("inf")
-        for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                        SDPBackend.MATH):
-            try:
-                with sdpa_kernel([backend]):
-                    for _ in range(3):
-                        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(20):
-                        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
-                    end.record()
-                    end.synchronize()
-            except RuntimeError:  # this kernel does not take these shapes or a mask
-                continue
-            ms = start.elapsed_time(end) / 20
-            timings[backend.name] = round(ms * 1000, 2)  # microseconds
-            if ms < best_ms:
-                best, best_ms = backend, ms
-        self.attention_choice[rows] = best
-        self.attention_timings[rows] = timings
-
-    def _attention(self, q, keys, values, mask, rows: int) -> torch.Tensor:
-        backend = self.attention_choice.get(rows)
-        if backend is None:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
-        from torch.nn.attention import sdpa_kernel
-
-        with sdpa_kernel([backend]):
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
 
     def _compute(self, cache: StaticKVCache, rows: int, keep_from: int) -> torch.Tensor:
         """One pass over cache.inputs[:rows]: pure tensor work with fixed shapes (what a graph captures)."""
@@ -385,7 +333,8 @@ class StaticDecoder:
             keys, values = cache.keys[index], cache.values[index]
             # Query heads sharing a KV head become rows of one attention over that head: [kv, groups * rows, dim].
             q = q.reshape(rows, kv, self.groups, dim).permute(1, 2, 0, 3).reshape(kv, self.groups * rows, dim)
-            attn = self._attention(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), mask, rows)
+            attn = F.scaled_dot_product_attention(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+                                                  attn_mask=mask, scale=self.scaling)
             attn = attn[0].reshape(kv, self.groups, rows, dim).permute(2, 0, 1, 3).reshape(rows, heads * dim)
             x = x + F.linear(attn, w.out)
             y = F.rms_norm(x, (self.hidden,), w.norm_mlp, self.eps)

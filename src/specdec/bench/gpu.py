@@ -205,11 +205,6 @@ class GpuBench:
             if role == "target":
                 self.target.pass_costs = {int(s): c for s, c in results["curves"][role].items()}
                 self.engines["plain"] = engine  # reuse its cache and graphs
-        results["attention"] = {
-            role: {str(rows): {"choice": getattr(choice, "name", None), "microseconds": backend.decoder.attention_timings[rows]}
-                   for rows, choice in sorted(backend.decoder.attention_choice.items())}
-            for role, backend in (("target", self.target), ("draft", self.draft))
-            if backend is not None and getattr(backend, "decoder", None) is not None}
         if self.device.type == "cuda" and self.target.decoder is not None:
             results["kernel_profile"] = {"target": kernel_profile(self.target, self.engines["plain"].cache)}
         # Plain decoding first on every prompt: its outputs are the replay drafter's references.

@@ -40,7 +40,15 @@ def add_gpu_arguments(bench: argparse.ArgumentParser) -> None:
 
 
 def wants_gpu_bench(args: argparse.Namespace) -> bool:
-    return args.load_format == "dummy" or str(getattr(args, "device", "auto")).startswith("cuda")
+    """The GPU bench for dummy weights, --device cuda, or --device auto on a machine with CUDA (torch backend)."""
+    device = str(getattr(args, "device", "auto"))
+    if args.load_format == "dummy" or device.startswith("cuda"):
+        return True
+    if device == "auto" and getattr(args, "backend", "auto") != "llama.cpp":
+        import torch
+
+        return torch.cuda.is_available()
+    return False
 
 
 def parse_gpu_methods(text: str) -> list[str]:

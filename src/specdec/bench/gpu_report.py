@@ -136,10 +136,6 @@ def to_markdown(results: dict) -> str:
     if profile and "kernels" in profile:
         lines += ["", f"One eager one-row pass of the target, profiled: {profile['kernels']} kernels, "
                       f"{profile['device_ms']:.2f} ms of summed device time (a graph replays these without launch gaps)."]
-    for role, table in results.get("attention", {}).items():
-        if table:
-            cells = [f"{rows} rows: {entry['choice']} ({_timings(entry['microseconds'])})" for rows, entry in table.items()]
-            lines += ["", f"Attention kernel of the {role}, measured per bucket: " + "; ".join(cells) + "."]
     lines += ["", "Headline figures:", ""]
     for key, value in head.items():
         lines.append(f"- {key}: {format_cell(value, '.3f')}")
@@ -154,10 +150,6 @@ def to_markdown(results: dict) -> str:
                       "to agree. These rows measure what passes cost and what full acceptance buys on this GPU, "
                       "not a real draft's acceptance."]
     return "\n".join(lines) + "\n"
-
-
-def _timings(microseconds: dict) -> str:
-    return ", ".join(f"{name.split('_')[0].lower()} {value:.0f} us" for name, value in microseconds.items())
 
 
 def write(results: dict, out_dir: str | Path) -> dict[str, Path]:
