@@ -66,3 +66,18 @@ def test_negative_control_without_the_curve_a_line_through_two_sizes_misjudges()
     blind.update(0, 0, 0.0, 0.010)
     blind.update(4, 4, 4e-3, 0.010)
     assert blind.best_k() == 8
+
+
+def test_default_k_is_16_for_the_adaptive_policy_on_cuda_only():
+    import argparse
+
+    from specdec.cli_common import default_k, spec_from_args
+
+    def args(**kw):
+        base = dict(k=None, k_policy="adaptive", device="cpu", backend="auto", drafter=None, draft_p_min=0.0)
+        return argparse.Namespace(**{**base, **kw})
+
+    assert default_k(args()) == 5
+    assert default_k(args(device="cuda")) == 16
+    assert default_k(args(device="cuda", k_policy="fixed")) == 5
+    assert spec_from_args(args(device="cuda", k=3), has_draft_model=True).num_speculative_tokens == 3  # given: kept

@@ -219,7 +219,7 @@ def test_config_round_trips_into_generate_and_flags_override_it(tmp_path):
         assert (spec.num_speculative_tokens, spec.k_policy, spec.drafter) == (5, "fixed", "hybrid")
     # Negative control: without --config the parser's own defaults are back.
     args = build_parser().parse_args(["generate"])
-    assert args.k == 5 and args.drafter is None and args.model == "default" and args.max_context == 4096
+    assert args.k is None and args.drafter is None and args.model == "default" and args.max_context == 4096
 
 
 def test_config_in_serve_and_bench(tmp_path):

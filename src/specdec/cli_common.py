@@ -101,8 +101,9 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-speculative-tokens", "-k", "--draft-max", dest="k", type=int, default=5,
-                        help="draft tokens per step (the maximum, for the adaptive policy); default 5")
+    parser.add_argument("--num-speculative-tokens", "-k", "--draft-max", dest="k", type=int, default=None,
+                        help="draft tokens per step (the maximum, for the adaptive policy); default 5, and 16 for the "
+                        "adaptive policy on CUDA, where a pass of 17 rows costs about one of 1 row")
     parser.add_argument("--drafter", default=None,
                         help="drafter name (default: draft_model when a draft model is given)")
     parser.add_argument("--k-policy", choices=("fixed", "adaptive", "heuristic"), default="adaptive",
@@ -158,12 +159,27 @@ def default_weight_format(device: str) -> str:
     return "fp32"
 
 
+def default_k(args: argparse.Namespace) -> int:
+    """5; 16 for the adaptive policy on CUDA (measured: 17-row passes cost ~1.1 one-row passes on an H200)."""
+    device = str(getattr(args, "device", "auto"))
+    if getattr(args, "k_policy", None) == "adaptive" and getattr(args, "backend", "auto") != "llama.cpp":
+        if device.startswith("cuda") or (device == "auto" and _cuda_available()):
+            return 16
+    return 5
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfig:
     drafter = args.drafter or ("draft_model" if has_draft_model else "none")
     lookup = {name: getattr(args, name) for name in ("lookup_min_ngram", "lookup_max_ngram")
               if getattr(args, name, None) is not None}  # no flags: only a --config file sets them
     return SpecConfig(
-        num_speculative_tokens=args.k, drafter=drafter, draft_p_min=args.draft_p_min, k_policy=args.k_policy,
+        num_speculative_tokens=args.k if args.k is not None else default_k(args), drafter=drafter, draft_p_min=args.draft_p_min, k_policy=args.k_policy,
         **lookup,
     )
 
