@@ -92,7 +92,7 @@ class DraftModelDrafter:
             else:
                 q = probabilities(logits, self.params)
                 token = sample_token(q, self.generator)
-                top_prob = float(q.max())
+                top_prob = float(q.max()) if self.spec.draft_p_min > 0 else 1.0  # a host read: only when used
                 rows.append(q)
             if i > 0 and top_prob < self.spec.draft_p_min:
                 if rows:
