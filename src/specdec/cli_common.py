@@ -150,28 +150,19 @@ def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
 
 def default_weight_format(device: str) -> str:
     """bf16 on CUDA (what GPU checkpoints ship in), fp32 on the CPU (oneDNN-packed, exact per row)."""
-    if device.startswith("cuda"):
-        return "bf16"
-    if device == "auto":
-        import torch
+    from .models import uses_cuda
 
-        return "bf16" if torch.cuda.is_available() else "fp32"
-    return "fp32"
+    return "bf16" if uses_cuda(device) else "fp32"
 
 
 def default_k(args: argparse.Namespace) -> int:
     """5; 16 for the adaptive policy on CUDA (measured: 17-row passes cost ~1.1 one-row passes on an H200)."""
-    device = str(getattr(args, "device", "auto"))
+    from .models import uses_cuda
+
     if getattr(args, "k_policy", None) == "adaptive" and getattr(args, "backend", "auto") != "llama.cpp":
-        if device.startswith("cuda") or (device == "auto" and _cuda_available()):
+        if uses_cuda(str(getattr(args, "device", "auto"))):
             return 16
     return 5
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfig:

@@ -149,9 +149,7 @@ def choose_backend(requested: str, resolved: ResolvedModel, device: str = "auto"
         return "llama.cpp"
     if not resolved.gguf_file:
         return "torch"
-    import torch
-
-    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+    if uses_cuda(device):
         return "torch"
     try:
         _require_llama_cpp()
@@ -241,12 +239,19 @@ def from_pretrained_kwargs(resolved: ResolvedModel) -> dict:
     return kwargs
 
 
+def uses_cuda(device: str) -> bool:
+    """Whether a --device value means CUDA: cuda[:N], or auto on a machine with CUDA (the one rule for both)."""
+    import torch
+
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
 def torch_device(device: str = "auto"):
     """The torch device a model loads on: 'auto' is CUDA when present, else the CPU."""
     import torch
 
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda" if uses_cuda(device) else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"--device {device}: no CUDA device is available (torch {torch.__version__})")
     return torch.device(device)

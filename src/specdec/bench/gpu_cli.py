@@ -41,14 +41,12 @@ def add_gpu_arguments(bench: argparse.ArgumentParser) -> None:
 
 def wants_gpu_bench(args: argparse.Namespace) -> bool:
     """The GPU bench for dummy weights, --device cuda, or --device auto on a machine with CUDA (torch backend)."""
+    from ..models import uses_cuda
+
     device = str(getattr(args, "device", "auto"))
     if args.load_format == "dummy" or device.startswith("cuda"):
         return True
-    if device == "auto" and getattr(args, "backend", "auto") != "llama.cpp":
-        import torch
-
-        return torch.cuda.is_available()
-    return False
+    return getattr(args, "backend", "auto") != "llama.cpp" and uses_cuda(device)
 
 
 def parse_gpu_methods(text: str) -> list[str]:
