@@ -17,9 +17,15 @@ import torch
 from .backends.base import embeddable_ids
 
 DEFAULT_SIZES = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64)
+DEFAULT_CONTEXT = 256
 
 
-def measure_pass_costs(backend, sizes: Sequence[int] = DEFAULT_SIZES, context_tokens: int = 256,
+def fitting_context(capacity: int, wanted: int = DEFAULT_CONTEXT) -> int:
+    """The cached tokens a measurement runs after: `wanted`, but at most half the cache, leaving room for the rows."""
+    return min(wanted, capacity // 2)
+
+
+def measure_pass_costs(backend, sizes: Sequence[int] = DEFAULT_SIZES, context_tokens: int = DEFAULT_CONTEXT,
                        repeats: int = 5, warmup: int = 2, cache=None, seed: int = 0) -> dict[int, float]:
     """Median seconds of one pass of n rows after `context_tokens` cached tokens, for each n in sizes.
 
@@ -32,7 +38,7 @@ def measure_pass_costs(backend, sizes: Sequence[int] = DEFAULT_SIZES, context_to
     capacity = context_tokens + max(sizes) + 1
     if cache is None:
         cache = backend.new_cache(min(capacity, backend.max_context))
-    context_tokens = min(context_tokens, cache.capacity // 2)
+    context_tokens = fitting_context(cache.capacity, context_tokens)
     limit = cache.capacity - context_tokens  # sizes that do not fit after the context are not measured
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, embeddable_ids(backend), (context_tokens + max(sizes),), generator=generator).tolist()
@@ -84,4 +90,4 @@ def marginal_row_costs(curve: Mapping[int, float]) -> dict[int, float]:
     return {size: cost / base for size, cost in sorted(curve.items())}
 
 
-__all__ = ["DEFAULT_SIZES", "interpolate_cost", "marginal_row_costs", "measure_pass_costs"]
+__all__ = ["DEFAULT_CONTEXT", "DEFAULT_SIZES", "fitting_context", "interpolate_cost", "marginal_row_costs", "measure_pass_costs"]

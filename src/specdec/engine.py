@@ -89,8 +89,7 @@ class SpeculativeEngine:
             self.cache = self.target.new_cache(self.target.max_context)
         k = self.spec.num_speculative_tokens
         sizes = sizes or sorted({s for s in DEFAULT_SIZES if s <= k + 1} | {1, k + 1})
-        costs = measure_pass_costs(self.target, sizes, context_tokens=min(256, self.cache.capacity // 2),
-                                   cache=self.cache)
+        costs = measure_pass_costs(self.target, sizes, cache=self.cache)
         self.target.pass_costs = costs
         return costs
 

@@ -5,8 +5,8 @@ on an H200 whatever the model size). A forward whose shapes and buffers never ch
 once as a CUDA graph and replayed for ~the cost of its kernels. Everything a pass reads or writes
 therefore lives in fixed buffers:
 
-- the KV cache is one [kv_heads, slots, head_dim] tensor per layer and side, written at the rows'
-  positions with index_copy_ (no views that grow each token, no allocation);
+- the KV cache is one [2 x kv_heads, slots, head_dim] tensor per layer (keys, then values), written
+  at the rows' positions with one index_copy_ (no views that grow each token, no allocation);
 - a pass of n rows runs in the smallest bucket >= n (1, 2, 4, ..., 128); padding rows sit after the real
   ones, at later positions, so the causal mask keeps them out of every real row's attention, and what
   they write lands past the cache's length, where the next pass overwrites it;
@@ -18,8 +18,8 @@ kernels: q/k/v and gate/up are one matrix product each (the modules' parameters 
 fused tensors, so no weight is stored twice), rotary embedding is three kernels, and grouped-query
 attention folds the query heads that share a KV head into rows instead of copying the cache.
 
-On CPU the same code runs eagerly (no graphs, no padding): that is how the tests check it against the
-model's own forward.
+On CPU the same code runs eagerly (no graphs; padding only when asked for): that is how the tests
+check it against the model's own forward.
 """
 
 from __future__ import annotations
@@ -181,7 +181,6 @@ class StaticDecoder:
         self.eps = _norm_eps(inner.norm)
         self.lm_head = model.lm_head.weight
         self.lm_head_bias = model.lm_head.bias
-        self.vocab_size = self.lm_head.shape[0]
         self.layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -276,14 +275,11 @@ class StaticDecoder:
         self.passes[rows] = self.passes.get(rows, 0) + 1
         if self.use_graphs:
             try:
-                entry = cache.graphs.get(rows)
-                if entry is None:
-                    entry = cache.graphs[rows] = self._capture(cache, rows)
-                graph, out = entry
+                graph, out = cache.graphs[rows]  # captured with the cache (new_cache)
                 graph.replay()
                 # The graph's output is overwritten by its next replay: hand out a copy of the rows asked for.
                 return out[keep_from:n].clone()
-            except RuntimeError as exc:  # capture refused by this torch/driver: keep decoding, eagerly
+            except RuntimeError as exc:  # a replay this torch/driver refuses: keep decoding, eagerly
                 self._give_up_graphs(exc)
                 return self._pass(cache, tokens, start, keep_from)
         return self._compute(cache, rows, keep_from)[: n - keep_from]

@@ -25,11 +25,12 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..calibration import measure_pass_costs
+from ..calibration import fitting_context
 from ..config import SamplingParams, SpecConfig
 from ..drafters import create_drafter
 from ..drafters.base import Draft
 from ..engine import SpeculativeEngine
+from .dummy import weight_bytes
 
 GPU_METHODS = ("plain", "replay_k8", "lookup_adaptive", "draft_k4", "draft_adaptive", "hf_eager", "hf_static",
                "hf_assisted_k4", "hf_prompt_lookup")
@@ -72,11 +73,6 @@ class GpuBenchConfig:
     draft_k_max: int = 16
     time_budget: float | None = None  # seconds; methods not started by then are skipped (and said so)
     extra: dict = field(default_factory=dict)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def copy_bandwidth(device: torch.device, megabytes: int = 1024, repeats: int = 10) -> float | None:
@@ -154,7 +150,7 @@ class GpuBench:
 
     def run_once(self, method: str, prompt: list[int], max_tokens: int) -> dict:
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        synchronize(self.device)
+        self.target.synchronize()
         began = time.perf_counter()
         if method.startswith("hf_"):
             from .hf_peer import hf_generate
@@ -172,7 +168,7 @@ class GpuBench:
         else:
             generation = self.engine(method).generate(prompt, params)
             tokens, stats = generation.tokens, generation.stats
-        synchronize(self.device)
+        self.target.synchronize()
         seconds = time.perf_counter() - began
         return {"method": method, "tokens": tokens, "seconds": seconds, "generated": len(tokens),
                 "steps": stats.num_target_forwards, "drafted": stats.num_draft_tokens,
@@ -201,7 +197,7 @@ class GpuBench:
             self.log(f"pass-cost curve of the {role} ({backend.runtime})")
             engine = SpeculativeEngine(backend, None, SpecConfig(drafter="none"))
             results["curves"][role] = {str(s): c for s, c in engine.calibrate(CURVE_SIZES).items()}
-            results["curve_context_tokens"] = min(256, engine.cache.capacity // 2)
+            results["curve_context_tokens"] = fitting_context(engine.cache.capacity)
             if role == "target":
                 self.target.pass_costs = {int(s): c for s, c in results["curves"][role].items()}
                 self.engines["plain"] = engine  # reuse its cache and graphs
@@ -252,8 +248,8 @@ class GpuBench:
         results["first_call_seconds"] = first_call_seconds
         results["skipped"] = skipped
         results["policies"] = {name: _policy_snapshots(engine) for name, engine in self.engines.items()}
-        results["weights"] = {"target_bytes": _weight_bytes(self.target.model),
-                              "draft_bytes": _weight_bytes(self.draft.model) if self.draft is not None else None}
+        results["weights"] = {"target_bytes": weight_bytes(self.target.model),
+                              "draft_bytes": weight_bytes(self.draft.model) if self.draft is not None else None}
         results["runtime"] = {"target": self.target.runtime, "draft": self.draft.runtime if self.draft else None}
         if self.device.type == "cuda":
             results["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
@@ -268,10 +264,10 @@ def kernel_profile(backend, cache, rows: int = 1) -> dict:
     try:
         with torch.inference_mode():
             backend.decoder._compute(cache, rows, 0)  # warm
-            torch.cuda.synchronize()
+            backend.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 backend.decoder._compute(cache, rows, 0)
-                torch.cuda.synchronize()
+                backend.synchronize()
         averages = prof.key_averages()
         def device_us(event):
             return float(getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0))
@@ -290,9 +286,5 @@ def _policy_snapshots(engine: SpeculativeEngine) -> dict:
     return {str(source): policy.snapshot() for source, policy in engine.adaptive_policies.items()}
 
 
-def _weight_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
 __all__ = ["CURVE_SIZES", "DEFAULT_GPU_METHODS", "GPU_METHODS", "GpuBench", "GpuBenchConfig", "ReplayDrafter",
-           "copy_bandwidth", "environment", "measure_pass_costs"]
+           "copy_bandwidth", "environment", "kernel_profile"]
