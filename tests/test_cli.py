@@ -203,12 +203,14 @@ def test_request_that_exactly_fits_the_context_runs(tiny_pair, capsys):
 def test_backend_flags_reach_the_model_reference():
     from specdec.cli_common import model_ref_from_args
 
-    args = build_parser().parse_args(["generate", "m.gguf", "--backend", "llama.cpp", "--threads", "3",
-                                      "--no-batch-invariance"])
+    args = build_parser().parse_args(["generate", "m.gguf", "--backend", "llama.cpp", "--threads", "3", "--exact"])
     ref = model_ref_from_args(args)
-    assert (ref.backend, ref.threads, ref.batch_invariant) == ("llama.cpp", 3, False)
+    assert (ref.backend, ref.threads, ref.batch_invariant) == ("llama.cpp", 3, True)
+    # Fast kernels by default; the old flag still parses and means the default.
     ref = model_ref_from_args(build_parser().parse_args(["generate", "m.gguf"]))
-    assert (ref.backend, ref.threads, ref.batch_invariant, ref.weight_format) == ("auto", None, True, "fp32")
+    assert (ref.backend, ref.threads, ref.batch_invariant, ref.weight_format) == ("auto", None, False, "fp32")
+    ref = model_ref_from_args(build_parser().parse_args(["generate", "m.gguf", "--no-batch-invariance"]))
+    assert ref.batch_invariant is False
     # A weight format is a torch conversion: under auto it selects torch.
     ref = model_ref_from_args(build_parser().parse_args(["generate", "m.gguf", "--weight-format", "int8"]))
     assert (ref.backend, ref.weight_format) == ("torch", "int8")

@@ -193,12 +193,12 @@ def test_cache_invariant_after_every_step(target, draft):
         context += chunk.tokens
         if chunk.finish_reason is None:
             assert engine.cache.length == len(context) - 1
-    assert engine.cache.length == 0  # left empty for the next request
-    # An abandoned stream leaves both caches empty too.
+    assert engine.cache.length == 0  # an exact target is left empty: no prefix reuse (see test_prefix_cache)
+    # An abandoned stream leaves it empty too; the draft model keeps what it holds, and knows what that is.
     stream = engine.stream(prompt, SamplingParams(max_tokens=30, ignore_eos=True))
     next(stream)
     stream.close()
-    assert engine.cache.length == 0 and engine.drafter.cache.length == 0
+    assert engine.cache.length == 0 and engine.drafter.cache.length == len(engine.drafter.retained.tokens) > 0
 
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True)
@@ -275,7 +275,8 @@ def test_load_pair_picks_llama_cpp_for_gguf_and_reads_the_tokenizer(gguf_dir, tm
     from specdec.models import VocabMismatchError, check_vocab_compatible, load_pair
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    target, draft = load_pair(str(gguf_dir["target"]), str(gguf_dir["draft"]), max_context=256, threads=1)
+    target, draft = load_pair(str(gguf_dir["target"]), str(gguf_dir["draft"]), max_context=256, threads=1,
+                              batch_invariant=True)
     assert isinstance(target, LlamaCppBackend) and isinstance(draft, LlamaCppBackend)
     assert target.batch_invariant and not draft.batch_invariant
     assert draft.tokenizer is None  # only the target encodes and decodes
@@ -317,11 +318,11 @@ def test_cli_generate_on_llama_cpp(gguf_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     code = main(["generate", str(gguf_dir["target"]), "--draft", str(gguf_dir["draft"]), "--max-tokens", "12",
                  "--no-chat", "--json", "-k", "3", "--k-policy", "fixed", "--prompt", "def f(x):", "--ignore-eos",
-                 "--threads", "1"])
+                 "--threads", "1", "--exact"])
     out = capsys.readouterr()
     assert code == 0, out.err
     report = json.loads(out.out)
-    assert report["identical_to_plain"] is True
+    assert report["identical_to_plain"] is True and "exact" in report["runtime"]
     assert report["stats"]["num_generated_tokens"] == 12 and report["stats"]["num_draft_tokens"] > 0
     assert report["verify_cost"] > 0
     # --weight-format is a torch conversion: refused with --backend llama.cpp.

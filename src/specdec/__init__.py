@@ -11,14 +11,16 @@ __version__ = "0.1.0"
 def load(target: str = "default", draft: str | None = "default", weight_format: str = "fp32",
          max_context: int = 4096, spec: SpecConfig | None = None,
          draft_weight_format: str | None = "int8", backend: str = "auto", threads: int | None = None,
-         batch_invariant: bool = True) -> SpecDecoder:
+         exact: bool = False) -> SpecDecoder:
     """Load a model pair ('default' = the packaged Qwen2.5-Coder 1.5B target and 0.5B draft).
 
     backend: "auto" (llama.cpp for .gguf files and the default pair on CPU, torch otherwise), "torch" or
     "llama.cpp". Weight formats apply to the torch backend; llama.cpp runs GGUF weights as stored.
+    exact: llama.cpp target with batch-invariant kernels (greedy output bit-identical to plain decoding);
+    default False: llama.cpp's fastest kernels, lossless in distribution.
     """
     ref = ModelRef(target, draft, weight_format, max_context, draft_weight_format=draft_weight_format,
-                   backend=backend, threads=threads, batch_invariant=batch_invariant)
+                   backend=backend, threads=threads, batch_invariant=exact)
     return SpecDecoder.load(ref, spec)
 
 

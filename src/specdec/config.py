@@ -110,10 +110,11 @@ class ModelRef:
     draft_weight_format: str | None = "int8"  # None: same as weight_format
     backend: str = "auto"  # one of BACKENDS; weight formats apply to torch only (GGUF weights run as stored)
     threads: int | None = None  # CPU threads for llama.cpp and torch; None: the CPUs this process may use
-    # llama.cpp target: compute every row exactly as it would be computed alone (the lossless greedy
-    # contract). False takes llama.cpp's fastest, batch-dependent kernels: greedy output may then differ
-    # from plain decoding at near-ties, as llama.cpp's own speculative decoding does.
-    batch_invariant: bool = True
+    # llama.cpp target (--exact): compute every row exactly as it would be computed alone, so greedy output
+    # is bit-identical to plain decoding with the same kernels. False (the default, as in every anchor)
+    # takes llama.cpp's fastest, batch-dependent kernels: lossless in distribution, but greedy output may
+    # differ from plain decoding at near-ties, as llama.cpp's own speculative decoding does.
+    batch_invariant: bool = False
     # torch backend: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N". On CUDA the weights
     # are bf16 unless fp32 is asked for, and forwards run on the static decoder with CUDA graphs.
     device: str = "auto"

@@ -184,14 +184,14 @@ def load_backend(
     role: str = "model",
     backend: str = "auto",
     threads: int | None = None,
-    batch_invariant: bool = True,
+    batch_invariant: bool = False,
     device: str = "auto",
 ):
     """Load one model (tokenizer + weights) on the chosen runtime and wrap it as a ModelBackend.
 
-    role "target" (and "model") also loads the tokenizer; the llama.cpp target is batch-invariant
-    (rows bit-identical alone or batched, which the lossless greedy contract needs) unless
-    batch_invariant=False; drafts never need to be.
+    role "target" (and "model") also loads the tokenizer; with batch_invariant=True (--exact) the
+    llama.cpp target computes rows bit-identically alone or batched (greedy output identical to plain
+    decoding); drafts never need to be.
     """
     resolved = resolve(reference)
     if choose_backend(backend, resolved, device) == "llama.cpp":
@@ -382,7 +382,7 @@ def load_pair(
     draft_weight_format: str | None = None,
     backend: str = "auto",
     threads: int | None = None,
-    batch_invariant: bool = True,
+    batch_invariant: bool = False,
     device: str = "auto",
 ):
     """Load target and draft ('default' = the packaged pair) and check they share a vocabulary."""

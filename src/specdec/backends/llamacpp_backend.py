@@ -5,16 +5,23 @@ cache is a llama.cpp sequence id plus a length, and trim(n) is `llama_memory_seq
 so rollback copies nothing. A forward is one `llama_decode` with logits requested only for the rows
 the caller asked for.
 
-Batch invariance (the target's lossless greedy contract): a row's logits must be bit-identical
-whether it is decoded alone (plain decoding) or as one row of a k+1 verification batch. llama.cpp
-picks kernels by batch size in four places, so a batch-invariant backend avoids each:
-- repacked weights (CPU "extra buffer types": Q4_K/Q4_0 interleaved gemv for 1 row, gemm for 4+):
-  loaded with `use_extra_bufts = false`;
+Two modes. Fast (batch_invariant=False, the default of `specdec generate`/`serve`): llama.cpp's own
+CPU configuration: repacked weights (and AMX where the library has it and a multi-row pass was proven
+to run, llamacpp_probe.py), flash attention as llama.cpp chooses, every pass in one llama_decode.
+Lossless in distribution; a row can round differently in a batch than alone, so greedy output can
+differ from plain decoding at near-ties. Exact (batch_invariant=True, `--exact`): a row's logits are
+bit-identical whether it is decoded alone (plain decoding) or as one row of a k+1 verification batch.
+llama.cpp picks kernels by batch size in four places, so the exact mode avoids each:
+- repacked weights (CPU "extra buffer types": interleaved gemm for each group of 4 rows, gemv for
+  the rest, so passes of 1-3 rows all take the gemv): kept, and rows whose logits are returned go
+  through llama_decode in slices of at most EXACT_REPACKED_ROWS rows. Where the library has AMX
+  (whose extra buffer type is not row-invariant) the extra buffer types are off and slices are
+  INVARIANT_ROWS long;
 - llamafile's tinyBLAS (taken for 2+ rows only): the library must be built with GGML_LLAMAFILE=OFF,
   which `llama_build_info()` reports and this module checks;
-- the tiled K-quant matmul (taken for 8+ rows): rows whose logits are returned go through
-  llama_decode in slices of at most INVARIANT_ROWS rows. A prompt prefill (logits for its last row
-  only) may use it: plain and speculative decoding prefill the same prompt identically;
+- the tiled K-quant matmul (taken for 8+ rows): avoided by the slices above. A prompt prefill
+  (logits for its last row only) may use it: plain and speculative decoding prefill the same prompt
+  identically;
 - flash attention (split-KV for one query over 512+ cells, tiled for many queries): disabled, so
   attention is a per-row F16 dot product and a per-row softmax.
 Cells are filled in position order (one active sequence, trimmed from the end), so the order of
@@ -41,6 +48,8 @@ from .base import forward_rows
 
 # The tiled K-quant matmul engages at 8 rows (ggml-cpu/tiled/tiled.cpp: ggml_tiled_min_batch).
 INVARIANT_ROWS = 7
+# Repacked weights: gemm for each whole group of 4 rows, gemv for the rest (ggml-cpu/repack.cpp).
+EXACT_REPACKED_ROWS = 3
 DEFAULT_BATCH = 512
 MAX_SEQUENCES = 16
 
@@ -50,9 +59,9 @@ class LlamaCppUnavailable(ImportError):
 
 
 _INSTALL_HINT = (
-    "install it with the flags specdec needs: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_LLAMAFILE=OFF "
-    "-DLLAVA_BUILD=OFF\" pip install --force-reinstall --no-cache-dir 'llama-cpp-python==0.3.36' "
-    "(see docs/llamacpp.md)"
+    "build it for this CPU with the flags specdec needs: "
+    "CMAKE_ARGS=\"$(python3 -m specdec.native_build)\" pip install --force-reinstall --no-deps --no-cache-dir "
+    "'llama-cpp-python==0.3.36' (see docs/llamacpp.md)"
 )
 
 _lock = threading.Lock()
@@ -63,6 +72,13 @@ _log_callback = None  # kept alive: llama.cpp calls it from C
 def llama_cpp_module():
     """Import llama_cpp once, initialise the backend and route its logging; LlamaCppUnavailable otherwise."""
     global _initialised, _log_callback
+    if not _initialised:
+        from .llamacpp_probe import LibraryProbeError, check_library_runs
+
+        try:
+            check_library_runs()  # a library built for another CPU would kill this process on import
+        except LibraryProbeError as exc:
+            raise LlamaCppUnavailable(str(exc)) from exc
     try:
         import llama_cpp
     except (ImportError, OSError, RuntimeError) as exc:  # a missing or broken libllama raises OSError/RuntimeError
@@ -98,6 +114,32 @@ def batch_invariance_problems(features: dict[str, bool] | None = None) -> list[s
     if features.get("LLAMAFILE"):
         problems.append("it was built with GGML_LLAMAFILE=ON (tinyBLAS computes batches of 2+ rows differently)")
     return problems
+
+
+ISA_FEATURES = ("AVX", "AVX2", "FMA", "F16C", "AVX_VNNI", "AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16",
+                "AMX_INT8")
+_isa_warned = False
+
+
+def _warn_if_library_lacks_isa(features: dict[str, bool]) -> None:
+    """Warn once when this CPU has instruction sets the loaded library was not built for (never silently slower)."""
+    global _isa_warned
+    if _isa_warned:
+        return
+    _isa_warned = True
+    from ..native_build import cmake_args, compiler_family, cpu_flags, library_mismatch
+
+    flags = cpu_flags()
+    if not flags:
+        return
+    compiler = compiler_family()
+    missing, _ = library_mismatch(features, flags, compiler)
+    if missing:
+        warnings.warn(
+            f"this llama.cpp library does not use {', '.join(missing)}, which this CPU has (a portable build, or one "
+            f"made for another CPU), so it runs slower than it could. Rebuild it for this CPU: "
+            f"CMAKE_ARGS=\"{' '.join(cmake_args(flags, compiler))}\" pip install --force-reinstall --no-deps "
+            f"--no-cache-dir 'llama-cpp-python==0.3.36'", stacklevel=3)
 
 
 def default_threads() -> int:
@@ -144,6 +186,8 @@ class LlamaCppBackend:
         batch_invariant: bool = True,
         tokenizer=None,
         batch_size: int = DEFAULT_BATCH,
+        extra_buffers: bool | None = None,
+        check_amx: bool = True,
     ):
         llama_cpp = llama_cpp_module()
         self._llama = llama_cpp
@@ -152,6 +196,7 @@ class LlamaCppBackend:
         self.tokenizer = tokenizer
         self.threads = threads or default_threads()
         features = build_features()
+        _warn_if_library_lacks_isa(features)
         problems = batch_invariance_problems(features) if batch_invariant else []
         self.batch_invariant = batch_invariant and not problems
         self.batch_invariance_problems = problems
@@ -161,10 +206,28 @@ class LlamaCppBackend:
                 f"greedy speculative output may differ from plain decoding at near-ties; {_INSTALL_HINT}",
                 stacklevel=2,
             )
+        amx_library = features.get("AMX_INT8", False)
+        self.amx_check: dict | None = None
+        if extra_buffers is None:
+            # Exact mode keeps the repacked weights (row-invariant below 4 rows) but not AMX's buffers.
+            extra_buffers = not (batch_invariant and amx_library)
+            if extra_buffers and amx_library and check_amx:
+                from .llamacpp_probe import amx_rows_agree
+
+                self.amx_check = amx_rows_agree(self.gguf_path, self.threads)
+                if not self.amx_check["ok"]:
+                    extra_buffers = False
+                    warnings.warn(f"{self.name}: AMX is off for this model: {self.amx_check['why']}. Running "
+                                  f"without llama.cpp's extra buffer types (slower); rebuild without AMX with "
+                                  f"SPECDEC_AMX=0 and {_INSTALL_HINT}", stacklevel=2)
+        self.extra_buffers = extra_buffers
+        self.amx = bool(extra_buffers and amx_library)
+        # Rows whose logits are returned go through llama_decode in slices this long in exact mode.
+        self.invariant_rows = EXACT_REPACKED_ROWS if extra_buffers else INVARIANT_ROWS
+        self.features = features
 
         model_params = llama_cpp.llama_model_default_params()
-        # Repacked weights change kernels with the row count; AMX buffers fault on some VMs.
-        model_params.use_extra_bufts = not batch_invariant and not features.get("AMX_INT8", False)
+        model_params.use_extra_bufts = extra_buffers
         model = llama_cpp.llama_model_load_from_file(str(self.gguf_path).encode(), model_params)
         if not model:
             raise ValueError(f"llama.cpp could not load {self.gguf_path} (not a GGUF model it supports?)")
@@ -177,7 +240,7 @@ class LlamaCppBackend:
         self.eos_token_ids = frozenset(
             t for t in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, t)
         )
-        self.batch_size = max(INVARIANT_ROWS, min(batch_size, self.max_context))
+        self.batch_size = max(self.invariant_rows, min(batch_size, self.max_context))
 
         ctx_params = llama_cpp.llama_context_default_params()
         ctx_params.n_ctx = self.max_context
@@ -188,8 +251,9 @@ class LlamaCppBackend:
         ctx_params.n_threads = self.threads
         ctx_params.n_threads_batch = self.threads
         ctx_params.no_perf = True
-        if batch_invariant:
+        if self.batch_invariant:
             ctx_params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.flash_attention = "off" if self.batch_invariant else "auto"
         ctx = llama_cpp.llama_init_from_model(model, ctx_params)
         if not ctx:
             llama_cpp.llama_model_free(model)
@@ -254,7 +318,7 @@ class LlamaCppBackend:
     def _slices(self, n: int, num_logits: int) -> list[tuple[int, int]]:
         """Split [0, n) into llama_decode calls of at most batch_size rows.
 
-        Batch-invariant backends decode the rows whose logits are returned in slices of INVARIANT_ROWS.
+        Batch-invariant backends decode the rows whose logits are returned in slices of invariant_rows.
         A call that wants only the last row's logits is a prompt prefill and runs in full batches: it is
         computed identically whichever way the prompt is later decoded, and the fast kernels pay there.
         """
@@ -263,7 +327,8 @@ class LlamaCppBackend:
             return [(lo, min(lo + size, n)) for lo in range(0, n, size)]
         first_output = n - num_logits
         slices = [(lo, min(lo + size, first_output)) for lo in range(0, first_output, size)]
-        return slices + [(lo, min(lo + INVARIANT_ROWS, n)) for lo in range(first_output, n, INVARIANT_ROWS)]
+        step = self.invariant_rows
+        return slices + [(lo, min(lo + step, n)) for lo in range(first_output, n, step)]
 
     def _decode(self, tokens: Sequence[int], first_pos: int, seq_id: int, num_logits: int) -> None:
         batch = self._batch
@@ -297,9 +362,21 @@ class LlamaCppBackend:
             "model": model_type.value.decode("utf-8", "replace"), "parameters": int(llama.llama_model_n_params(self._model)),
             "file_bytes": self.gguf_path.stat().st_size, "vocab_size": self.vocab_size,
             "max_context": self.max_context, "threads": self.threads, "batch_invariant": self.batch_invariant,
+            "runtime": self.runtime_summary(), "amx_check": self.amx_check,
             "batch_invariance_problems": self.batch_invariance_problems,
             "build": llama.llama_print_system_info().decode("utf-8", "replace").strip(),
         }
+
+    def runtime_summary(self) -> str:
+        """One line: instruction sets, kernels and mode (what `specdec generate` prints)."""
+        isa = [name for name in ISA_FEATURES if self.features.get(name)]
+        kernels = ["repacked weights" if self.extra_buffers else "weights as stored (not repacked)"]
+        if self.amx:
+            kernels.append("AMX")
+        kernels.append(f"flash attention {self.flash_attention}")
+        mode = (f"exact (verify rows in slices of {self.invariant_rows})" if self.batch_invariant
+                else "fast (llama.cpp's batched kernels)")
+        return f"llama.cpp {' '.join(isa) or 'no SIMD'}; {', '.join(kernels)}; {mode}; {self.threads} threads"
 
     # -- vocabulary ---------------------------------------------------------------------------------------
 
@@ -318,6 +395,6 @@ def _free_native(llama_cpp, batch, ctx, model) -> None:
 
 
 __all__ = [
-    "INVARIANT_ROWS", "LlamaCppBackend", "LlamaCppSequence", "LlamaCppUnavailable", "batch_invariance_problems",
+    "EXACT_REPACKED_ROWS", "INVARIANT_ROWS", "LlamaCppBackend", "LlamaCppSequence", "LlamaCppUnavailable", "batch_invariance_problems",
     "build_features", "default_threads", "llama_cpp_module",
 ]

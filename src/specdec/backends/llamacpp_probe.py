@@ -1,0 +1,176 @@
+"""Proofs, made in child processes and cached per library and CPU, that llama.cpp runs here: the library loads (no illegal instruction) and AMX multi-row passes run and agree with the non-AMX kernels.
+
+A library built natively for one CPU (a wheel from pip's cache, a home directory moved to another
+machine) can die with SIGILL on another, and an AMX build made by a compiler that drops ggml's tile
+configuration faults on the first pass of 2+ rows (native_build.py). Both would kill our process, so
+each is tried first in a child process; the verdict is cached in $SPECDEC_CACHE/llamacpp-probes.json
+under the library's path, size and mtime and the CPU's flags, so later runs pay nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from ..native_build import cmake_args, compiler_family, cpu_flags, rebuild_command
+
+PROBE_TIMEOUT = 300  # seconds; an AMX probe loads the model twice
+AMX_PROBE_ROWS = 16  # enough rows that ggml takes the AMX tile kernels (not its one-row path)
+# AMX quantizes activations like the other int8 kernels but accumulates in another order: logits differ a
+# little. A wrong tile configuration gives garbage (or a fault), far outside this.
+AMX_TOLERANCE = 0.05  # max |difference| / (max - min) of the reference logits, per row
+
+
+class LibraryProbeError(RuntimeError):
+    """The llama.cpp library cannot run on this CPU (the message says how to rebuild it)."""
+
+
+def library_file() -> Path | None:
+    """The libllama llama-cpp-python will load, found without importing it (None if not installed)."""
+    base = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if base is None:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        base = str(Path(next(iter(spec.submodule_search_locations))) / "lib")
+    for name in ("libllama.so", "libllama.dylib", "llama.dll"):
+        if (Path(base) / name).is_file():
+            return Path(base) / name
+    return None
+
+
+def _fingerprint(path: Path) -> str:
+    stat = path.stat()
+    return f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+
+
+def _cache_file() -> Path:
+    from ..models import cache_dir
+
+    return cache_dir() / "llamacpp-probes.json"
+
+
+def _cached(key: str, compute) -> dict:
+    """compute() once per key, remembered on disk (a corrupt or unwritable cache only costs a new probe)."""
+    path = _cache_file()
+    try:
+        verdicts = json.loads(path.read_text())
+    except (OSError, ValueError):
+        verdicts = {}
+    if key in verdicts:
+        return verdicts[key]
+    verdict = compute()
+    verdicts[key] = verdict
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(verdicts, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+    return verdict
+
+
+def _run_child(args: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SPECDEC_LLAMACPP_PROBED="1")
+    return subprocess.run([sys.executable, "-m", "specdec.backends.llamacpp_probe", *args], capture_output=True,
+                          text=True, timeout=PROBE_TIMEOUT, env=env)
+
+
+def _died(result: subprocess.CompletedProcess) -> str:
+    if result.returncode < 0:
+        try:
+            return signal.Signals(-result.returncode).name
+        except ValueError:
+            return f"signal {-result.returncode}"
+    return f"exit status {result.returncode}: {result.stderr.strip().splitlines()[-1:] or ''}"
+
+
+def check_library_runs() -> None:
+    """Raise LibraryProbeError if loading this libllama in a child process dies (wrong CPU); cached."""
+    if os.environ.get("SPECDEC_LLAMACPP_PROBED") == "1":
+        return  # we are the child
+    library = library_file()
+    if library is None:
+        return  # the import will fail with its own message
+    flags = cpu_flags()
+    key = "load:" + _fingerprint(library) + ":" + hashlib.sha1(" ".join(sorted(flags)).encode()).hexdigest()[:16]
+
+    def probe() -> dict:
+        try:
+            result = _run_child(["load"])
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "why": f"loading it took over {PROBE_TIMEOUT} s"}
+        return {"ok": result.returncode == 0, "why": "" if result.returncode == 0 else _died(result)}
+
+    verdict = _cached(key, probe)
+    if not verdict["ok"]:
+        raise LibraryProbeError(
+            f"the llama.cpp library {library} does not run on this CPU ({verdict['why']}): it was built for "
+            f"another machine. Rebuild it for this one: {rebuild_command(cmake_args(flags, compiler_family()))}"
+        )
+
+
+def amx_rows_agree(gguf_path: str | os.PathLike, threads: int = 1) -> dict:
+    """{"ok": bool, "why": str, "max_error": float}: does a multi-row pass with AMX weights run and match? Cached."""
+    library = library_file()
+    gguf = Path(gguf_path)
+    key = "amx:" + (_fingerprint(library) if library else "?") + ":" + _fingerprint(gguf)
+
+    def probe() -> dict:
+        try:
+            result = _run_child(["amx", str(gguf), str(threads)])
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "why": f"the AMX check took over {PROBE_TIMEOUT} s", "max_error": None}
+        if result.returncode != 0:
+            return {"ok": False, "why": f"a {AMX_PROBE_ROWS}-row pass with AMX weights died ({_died(result)})",
+                    "max_error": None}
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    return _cached(key, probe)
+
+
+def _child_amx(gguf: str, threads: int) -> dict:
+    """In the child: logits of one multi-row pass with extra buffer types (AMX) and without, compared."""
+    import numpy as np
+
+    from .llamacpp_backend import LlamaCppBackend
+
+    tokens = [(i * 131 + 17) % 1000 for i in range(AMX_PROBE_ROWS)]
+    rows = []
+    for extra in (True, False):
+        backend = LlamaCppBackend(gguf, max_context=256, threads=threads, batch_invariant=False,
+                                  extra_buffers=extra, check_amx=False)
+        cache = backend.new_cache()
+        rows.append(backend.forward(tokens, cache, num_logits=len(tokens)).numpy())
+        backend.close()
+    got, reference = rows
+    span = np.maximum(reference.max(axis=1) - reference.min(axis=1), 1e-6)
+    error = float((np.abs(got - reference).max(axis=1) / span).max())
+    ok = bool(np.isfinite(got).all()) and error <= AMX_TOLERANCE
+    why = "" if ok else f"its logits differ from the non-AMX kernels' by {error:.3f} of their range"
+    return {"ok": ok, "why": why, "max_error": round(error, 5)}
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["load"]:
+        import llama_cpp
+
+        llama_cpp.llama_backend_init()
+        print(llama_cpp.llama_print_system_info().decode("utf-8", "replace"))
+        return 0
+    if argv[:1] == ["amx"] and len(argv) == 3:
+        print(json.dumps(_child_amx(argv[1], int(argv[2]))))
+        return 0
+    print("usage: python -m specdec.backends.llamacpp_probe load | amx GGUF THREADS", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
