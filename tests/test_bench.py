@@ -143,7 +143,7 @@ def test_bench_end_to_end_writes_json_markdown_and_plot(decoder, tmp_path):
     assert set(data["summary"]["per_task"]) == {"humaneval", "code_edit"}
 
     markdown = paths["markdown"].read_text()
-    assert "| method | tok/s | decode tok/s | speedup vs plain | vs hf_plain |" in markdown
+    assert "| method | tok/s | prefill tok/s | decode tok/s | speedup vs plain | vs hf_plain |" in markdown
     assert "| method | humaneval | code_edit | overall" in markdown
     assert "incl. bonus" in markdown and "Leviathan" in markdown
     assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

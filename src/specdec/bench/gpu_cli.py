@@ -92,14 +92,15 @@ def run_gpu_bench_command(args: argparse.Namespace) -> int:
     else:
         from ..cli_common import model_ref_from_args
         from ..pipeline import SpecDecoder
-        from .datasets import load_tasks, parse_tasks
+        from .datasets import select_prompts
 
         ref = model_ref_from_args(args)
         decoder = SpecDecoder.load(ref)
         target, draft = decoder.target, decoder.draft
         if getattr(target, "model", None) is None:
             raise ConfigError("the GPU bench runs transformers models (the torch backend)")
-        prompts = [(p.task, decoder.encode(p.text, chat=args.chat)) for p in load_tasks(parse_tasks(args.tasks), args.limit)]
+        chosen = select_prompts(args.tasks, getattr(args, "prompts", None), args.limit)
+        prompts = [(p.task, decoder.encode(p.text, chat=args.chat)) for p in chosen]
         config.extra = {"target": ref.target, "draft": ref.draft, "load_format": "auto", "dtype": ref.weight_format,
                         "prompt_tokens": round(sum(len(p) for _, p in prompts) / len(prompts)), "prompts": len(prompts)}
     config.extra.update(max_tokens=args.max_tokens, k_max=config.k_max, draft_k_max=config.draft_k_max,

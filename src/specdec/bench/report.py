@@ -2,6 +2,11 @@
 
 Definitions (the same in the JSON, the markdown and the docs):
 - tokens/s: total generated tokens / total wall time of the generate calls (prefill included).
+- prefill tok/s: prompt tokens through the prefill / prefill seconds, as each framework times its prefill
+  (our engine: the target's prompt pass plus the drafter's setup; llama-server: its timings.prompt_ms).
+- decode tok/s: generated tokens / (wall time - prefill seconds).
+- relative per task: a method's tokens/s in a task over the reference's in the same task, the reference being
+  llamacpp_plain when it ran, else plain; its minimum over tasks is the worst category.
 - speedup: a method's tokens/s over plain decoding's (our engine, no drafter) in the same scope;
   transformers' methods are also given over transformers' own plain generate, and every method over
   llama.cpp's llama-server plain decoding (llamacpp_plain) when it ran.
@@ -41,19 +46,44 @@ def _round(value, digits=4):
     return None if value is None else round(value, digits)
 
 
+def _prefill_totals(runs: list[dict]) -> tuple[int, float]:
+    """(prompt tokens through a timed prefill, its seconds) over the runs that timed one."""
+    tokens, seconds = 0, 0.0
+    for run in runs:
+        timed = run["stats"].get("prefill_seconds", 0.0)
+        # Results written before prefill_tokens was recorded: the prompt but its last token (our engine's).
+        count = run.get("prefill_tokens", max(run["prompt_tokens"] - 1, 0) if timed > 0 else None)
+        if timed > 0 and count is not None:
+            tokens += count
+            seconds += timed
+    return tokens, seconds
+
+
+def _server_decode_rate(runs: list[dict]) -> float | None:
+    timings = [(r.get("llamacpp_settings") or {}).get("timings") or {} for r in runs]
+    tokens = sum(t.get("predicted_n") or 0 for t in timings)
+    ms = sum(t.get("predicted_ms") or 0.0 for t in timings)
+    return round(tokens / ms * 1000, 3) if tokens and ms > 0 else None
+
+
 def _method_summary(method: dict, runs: list[dict], scope_runs: list[dict]) -> dict:
     tokens = sum(r["generated_tokens"] for r in runs)
     seconds = sum(r["seconds"] for r in runs)
     stats = _merged_stats(runs)
     prefill = sum(r["stats"].get("prefill_seconds", 0.0) for r in runs)
+    prefill_tokens, prefill_timed = _prefill_totals(runs)
     out: dict = {
         "runs": len(runs),
         "generated_tokens": tokens,
         "seconds": round(seconds, 4),
         "tokens_per_second": round(tokens / seconds, 3) if seconds > 0 else 0.0,
+        "prefill_tokens": prefill_tokens,
+        "prefill_tokens_per_second": round(prefill_tokens / prefill_timed, 3) if prefill_timed > 0 else None,
         # Without the prompt prefill (identical work for every method of a framework): the decoding itself.
         "prefill_seconds": round(prefill, 4),
         "decode_tokens_per_second": round(tokens / (seconds - prefill), 3) if 0 < prefill < seconds else None,
+        # llama-server's own clock (predicted_n / predicted_ms, no HTTP), to check the wall-clock figure.
+        "server_decode_tokens_per_second": _server_decode_rate(runs),
         "mean_tokens_per_run": round(tokens / len(runs), 2) if runs else 0.0,
         "num_drafts": stats.num_drafts,
         "num_draft_tokens": stats.num_draft_tokens,
@@ -160,15 +190,54 @@ def _scope_summary(methods: list[dict], runs: list[dict]) -> dict:
     return table
 
 
+def relative_per_task(overall: dict, per_task: dict, tasks: list[str]) -> dict:
+    """Each method's tokens/s over the reference's, per task and overall, and its worst task.
+
+    The reference is llama.cpp's plain decoding when it ran (what a user would otherwise run), else ours. A
+    task where either has no runs gets None and is left out of the minimum; `tasks_measured` says how many
+    tasks the minimum covers.
+    """
+    baseline = "llamacpp_plain" if "llamacpp_plain" in overall else "plain"
+    key = "speedup" if baseline == "plain" else f"speedup_vs_{baseline}"
+    methods = [name for name in overall if name != baseline]
+    table = {task: {name: per_task[task].get(name, {}).get(key) for name in methods} for task in tasks}
+    worst: dict[str, dict | None] = {}
+    for name in methods:
+        measured = [(table[task][name], task) for task in tasks if table[task][name] is not None]
+        lowest = min(measured, key=lambda pair: pair[0]) if measured else None
+        worst[name] = None if lowest is None else {
+            "ratio": lowest[0], "task": lowest[1], "tasks_measured": len(measured), "tasks": len(tasks),
+        }
+    return {
+        "baseline": baseline,
+        "baseline_tokens_per_second": {task: per_task[task].get(baseline, {}).get("tokens_per_second")
+                                       for task in tasks},
+        "per_task": table,
+        "overall": {name: overall[name].get(key) for name in methods},
+        "min": worst,
+    }
+
+
 def summarise(results: dict) -> dict:
     methods = results["config"]["methods"]
     runs = results["runs"]
     tasks = list(dict.fromkeys(r["task"] for r in runs))
+    overall = _scope_summary(methods, runs)
+    per_task = {task: _scope_summary(methods, [r for r in runs if r["task"] == task]) for task in tasks}
     return {
-        "overall": _scope_summary(methods, runs),
-        "per_task": {task: _scope_summary(methods, [r for r in runs if r["task"] == task]) for task in tasks},
+        "overall": overall,
+        "per_task": per_task,
         "tasks": tasks,
+        "relative_per_task": relative_per_task(overall, per_task, tasks),
         "definitions": {
+            "tokens_per_second": "generated tokens / wall time of the generate calls (prefill included)",
+            "prefill_tokens_per_second": "prompt tokens through the prefill / prefill seconds (our engine: "
+                                         "target prompt pass + drafter setup; llama-server: "
+                                         "timings.prompt_ms)",
+            "decode_tokens_per_second": "generated tokens / (wall time - prefill seconds)",
+            "server_decode_tokens_per_second": "llama-server's own predicted_n / predicted_ms (peers only)",
+            "relative_per_task": "tokens/s in a task over the reference's (llamacpp_plain when it ran, else "
+                                 "plain) in that task; min = the lowest over tasks",
             "speedup": "tokens/s over plain decoding (our engine, no drafter) on the same weights, same run",
             "speedup_vs_hf_plain": "tokens/s over transformers' own plain generate (hf_plain)",
             "speedup_vs_llamacpp_plain": "tokens/s over llama.cpp's llama-server plain decoding of the same GGUF",
@@ -214,15 +283,18 @@ def _peer_columns(summary: dict) -> list[str]:
 def method_table(summary: dict) -> str:
     peers = _peer_columns(summary)
     lines = [
-        ("| method | tok/s | decode tok/s | speedup vs plain | " + "".join(f"vs {b} | " for b in peers)
+        ("| method | tok/s | prefill tok/s | decode tok/s | speedup vs plain | "
+         + "".join(f"vs {b} | " for b in peers)
          + "accept rate | mean accept len (incl. bonus) "
         "| k (mean) | c | verify cost | Leviathan bound | bound at verify cost | greedy identical |"),
-        "|---|---:|---:|---:|" + "---:|" * len(peers) + "---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(peers) + "---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, row in summary["overall"].items():
         peer_cells = "".join(f"| {format_cell(row.get(f'speedup_vs_{b}'), '.2f', 'x')} " for b in peers)
         lines.append(
-            f"| {name} | {format_cell(row['tokens_per_second'])} | {format_cell(row.get('decode_tokens_per_second'))} "
+            f"| {name} | {format_cell(row['tokens_per_second'])} "
+            f"| {format_cell(row.get('prefill_tokens_per_second'), '.1f')} "
+            f"| {format_cell(row.get('decode_tokens_per_second'))} "
             f"| {format_cell(row.get('speedup'), '.2f', 'x')} {peer_cells}| {format_cell(row['acceptance_rate'], '.3f')} "
             f"| {format_cell(row['mean_acceptance_length'], '.2f')} | {format_cell(row['mean_k'], '.1f')} "
             f"| {format_cell(row['cost_ratio'], '.3f')} | {format_cell(row.get('verify_cost'), '.2f')} "
@@ -248,6 +320,40 @@ def task_table(summary: dict, baseline: str = "plain") -> str:
             f"| {format_cell(row['tokens_per_second'])} |"
         )
     return "\n".join(lines)
+
+
+def category_table(summary: dict) -> str:
+    """Rows = tasks (Spec-Bench categories, code tasks), columns = each method's tokens/s over the reference's
+    in that task; then the overall ratio and each method's minimum over the tasks (and the task it is in)."""
+    relative = _relative(summary)
+    baseline, methods = relative["baseline"], list(relative["overall"])
+    lines = [f"| task | {baseline} tok/s | " + " | ".join(methods) + " |",
+             "|---|---:|" + "---:|" * len(methods)]
+    for task in summary["tasks"]:
+        cells = [format_cell(relative["per_task"][task][name], ".2f", "x") for name in methods]
+        lines.append(f"| {task} | {format_cell(relative['baseline_tokens_per_second'][task])} | "
+                     + " | ".join(cells) + " |")
+    overall_rate = summary["overall"].get(baseline, {}).get("tokens_per_second")
+    lines.append(f"| **overall** | {format_cell(overall_rate)} | "
+                 + " | ".join(format_cell(relative["overall"][name], ".2f", "x") for name in methods) + " |")
+    lines.append("| **min over tasks** | | "
+                 + " | ".join(_worst_cell(relative["min"][name]) for name in methods) + " |")
+    return "\n".join(lines)
+
+
+def _relative(summary: dict) -> dict:
+    # Summaries written before relative_per_task existed get it computed here.
+    return summary.get("relative_per_task") or relative_per_task(
+        summary["overall"], summary["per_task"], summary["tasks"])
+
+
+def _worst_cell(worst: dict | None) -> str:
+    if worst is None:
+        return "–"
+    # A minimum over fewer tasks than ran is weaker evidence: say how many it covers.
+    measured, ran = worst["tasks_measured"], worst["tasks"]
+    partial = f"; {measured}/{ran} tasks" if measured < ran else ""
+    return f"{worst['ratio']:.2f}x ({worst['task']}{partial})"
 
 
 def task_acceptance_table(summary: dict) -> str:
@@ -310,14 +416,15 @@ def _runtime(env: dict) -> str:
     return f"torch {env['torch']}, transformers {env['transformers']}, {env['torch_threads']} torch threads"
 
 
-def to_markdown(results: dict) -> str:
+def to_markdown(results: dict, title: str = "specdec bench") -> str:
     config, env, summary = results["config"], results["environment"], results["summary"]
     sampling = config["sampling"]
     target = (env.get("target") or {}).get("name", "?")
     draft = (env.get("draft") or {}).get("name") or "none"
     decoding = "greedy" if sampling["greedy"] else f"sampled (T={sampling['temperature']}, seed={sampling['seed']})"
+    relative = _relative(summary)
     lines = [
-        "# specdec bench",
+        f"# {title}",
         "",
         (f"- target `{target}`, draft `{draft}`, weights {env.get('weight_format') or '?'}"
          f"{' (draft ' + config['draft_weight_format'] + ')' if config.get('draft_weight_format') else ''}; "
@@ -333,6 +440,13 @@ def to_markdown(results: dict) -> str:
         "## Per method (all tasks)",
         "",
         method_table(summary),
+        "",
+        f"## tok/s per task relative to {relative['baseline']}",
+        "",
+        (f"Each method's tok/s in a task over `{relative['baseline']}`'s in the same task (its own tok/s in "
+         "the second column); overall = over all prompts; min = the lowest task ratio and its task."),
+        "",
+        category_table(summary),
         "",
         "## Speedup per task (Spec-Bench style)",
         "",
@@ -353,7 +467,11 @@ def to_markdown(results: dict) -> str:
                   positions, ""]
     lines += [
         ("Speedup = tokens/s over `plain` (our engine without a drafter, same weights, same run); tokens/s = "
-        "generated tokens / wall time incl. prefill; decode tok/s leaves the prompt prefill out. Mean acceptance length = 1 + accepted/drafts: tokens per "
+        "generated tokens / wall time incl. prefill; prefill tok/s = prompt tokens through the prefill / "
+        "prefill seconds (ours: the target's prompt pass plus the drafter's setup, e.g. the draft model's "
+        "prefill; llama-server: its own prompt_ms); decode tok/s = generated tokens / (wall time - prefill "
+        "seconds). "
+        "Mean acceptance length = 1 + accepted/drafts: tokens per "
         "target pass **including the bonus token** (plain = 1.00). c = draft forward / target single-token "
         "forward (drafting time per drafted token for model-free drafters). Leviathan bound = "
         "(1 - a^(k+1)) / ((1 - a)(k c + 1)) from the measured a, k and c; it assumes verifying k+1 tokens "
@@ -402,4 +520,65 @@ def write_results(results: dict, out_dir: str | Path, plot: bool = True) -> dict
     return paths
 
 
-__all__ = ["method_table", "position_table", "summarise", "task_table", "to_markdown", "write_results"]
+def threads_table(by_threads: dict) -> str:
+    """Rows = methods; for each thread count, tokens/s over the reference overall and in the worst task."""
+    counts = list(by_threads)
+    relatives = {n: _relative(by_threads[n]["summary"]) for n in counts}
+    methods = list(dict.fromkeys(name for n in counts for name in relatives[n]["overall"]))
+    header = "| method | " + " | ".join(
+        f"{n} thr: overall vs {relatives[n]['baseline']} | {n} thr: min over tasks" for n in counts) + " |"
+    lines = [header, "|---|" + "---:|---:|" * len(counts)]
+    for name in methods:
+        cells = []
+        for n in counts:
+            cells.append(format_cell(relatives[n]["overall"].get(name), ".2f", "x"))
+            cells.append(_worst_cell(relatives[n]["min"].get(name)))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def to_markdown_by_threads(by_threads: dict) -> str:
+    """One report for a run per thread count: the overview across counts, then each count's full report."""
+    counts = ", ".join(str(n) for n in by_threads)
+    lines = [
+        f"# specdec bench at {counts} threads",
+        "",
+        ("Each thread count ran the whole method matrix on models loaded with that many threads "
+         "(llama-server peers started with it), one count after the other; the full tables of each follow."),
+        "",
+        "## tok/s relative to the reference, overall and in the worst task, per thread count",
+        "",
+        threads_table(by_threads),
+        "",
+    ]
+    for n, results in by_threads.items():
+        part = to_markdown(results, title=f"{n} thread{'s' if n != 1 else ''}")
+        lines += [("#" + line if line.startswith("#") else line) for line in part.splitlines()] + [""]
+    return "\n".join(lines)
+
+
+def write_results_by_threads(by_threads: dict, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
+    """Each thread count's results in out_dir/threads-N/ (as write_results), the combined results.md, and
+    threads.json: the thread counts, where each count's results.json is, each count's per-task ratios."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    for n, results in by_threads.items():
+        for kind, path in write_results(results, out / f"threads-{n}", plot=plot).items():
+            paths[f"{kind} ({n} threads)"] = path
+    index = {
+        "thread_counts": list(by_threads),
+        "results": {str(n): f"threads-{n}/results.json" for n in by_threads},
+        "relative_per_task": {str(n): r["summary"].get("relative_per_task") for n, r in by_threads.items()},
+    }
+    paths["index"] = out / "threads.json"
+    paths["index"].write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    paths["markdown"] = out / "results.md"
+    paths["markdown"].write_text(to_markdown_by_threads(by_threads), encoding="utf-8")
+    return paths
+
+
+__all__ = [
+    "category_table", "method_table", "position_table", "relative_per_task", "summarise", "task_table",
+    "threads_table", "to_markdown", "to_markdown_by_threads", "write_results", "write_results_by_threads",
+]

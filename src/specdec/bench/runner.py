@@ -119,6 +119,7 @@ class BenchConfig:
     llamacpp_bin: str | None = None  # folder of llama-server for the llamacpp_* peers (None: the default place)
     # (target, draft) GGUF files for the llamacpp_* peers; None: llamacpp_peer.gguf_files(decoder)
     llamacpp_gguf: tuple | None = None
+    threads: int | None = None  # the llamacpp_* peers' threads; None: those of our target
 
 
 @dataclass
@@ -146,7 +147,7 @@ class BenchRunner:
         self.pad_token_id = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         self.peers = None
         if any(m.kind == "llamacpp" for m in config.methods):
-            self.peers = llamacpp_peers(decoder, config.llamacpp_bin, config.llamacpp_gguf)
+            self.peers = llamacpp_peers(decoder, config.llamacpp_bin, config.llamacpp_gguf, config.threads)
 
     def close(self) -> None:
         for probe in (self.target_probe, self.draft_probe):
@@ -200,6 +201,7 @@ class BenchRunner:
         record = {
             "method": method.name,
             "prompt_tokens": len(prompt_ids),
+            "prefill_tokens": _prefill_tokens(method, prompt_ids, outcome),
             "generated_tokens": len(outcome.tokens),
             "seconds": round(outcome.seconds, 6),
             "tokens_per_second": round(len(outcome.tokens) / outcome.seconds, 4) if outcome.seconds > 0 else 0.0,
@@ -344,6 +346,22 @@ def _mark_identical(batch: list[dict], tokens: dict[str, list[int]], greedy: boo
                 )
 
 
+def _prefill_tokens(method: Method, prompt_ids: Sequence[int], outcome: _Outcome) -> int | None:
+    """The prompt tokens that went through the timed prefill (None when the method times no prefill).
+
+    Our engine prefills all but the last prompt token (that one enters the first decoding pass), less any
+    prefix its cache kept from the previous request; llama-server says how many it evaluated
+    (timings.prompt_n); transformers' generate has no separate prefill time.
+    """
+    if outcome.stats.prefill_seconds <= 0:
+        return None
+    if method.kind == "llamacpp":
+        evaluated = (outcome.settings.get("timings") or {}).get("prompt_n")
+        return int(evaluated) if isinstance(evaluated, (int, float)) else len(prompt_ids)
+    cached = int(getattr(outcome.stats, "num_cached_prompt_tokens", 0) or 0)
+    return max(len(prompt_ids) - 1 - cached, 0)
+
+
 def _progress_line(done: int, total: int, prompt: BenchPrompt, batch: list[dict]) -> str:
     rates = "  ".join(f"{r['method']}={r['tokens_per_second']:.1f}" for r in batch)
     bad = [r["method"] for r in batch if r.get("identical_to_plain") is False]
@@ -361,6 +379,8 @@ def _raw_stats(stats: SpecStats) -> dict:
         "num_target_forwards": stats.num_target_forwards,
         "num_generated_tokens": stats.num_generated_tokens,
         "num_prompt_tokens": stats.num_prompt_tokens,
+        # Prompt tokens a prefix cache kept from the previous request (not prefilled); 0 without one.
+        "num_cached_prompt_tokens": int(getattr(stats, "num_cached_prompt_tokens", 0) or 0),
         "draft_seconds": round(stats.draft_seconds, 6),
         "target_seconds": round(stats.target_seconds, 6),
         "prefill_seconds": round(stats.prefill_seconds, 6),
@@ -440,8 +460,9 @@ def environment(decoder, weight_format: str | None = None) -> dict:
     }
 
 
-def llamacpp_peers(decoder, bin_dir: str | None, ggufs: tuple | None = None):
-    """The llama-server pool for this pair's GGUF files, on the same threads and context as our target."""
+def llamacpp_peers(decoder, bin_dir: str | None, ggufs: tuple | None = None, threads: int | None = None):
+    """The llama-server pool for this pair's GGUF files, on `threads` (default: our target's) and its
+    context."""
     from .llamacpp_peer import PeerPool, binaries_dir, gguf_files, missing_reason
 
     folder = binaries_dir(bin_dir)
@@ -449,7 +470,7 @@ def llamacpp_peers(decoder, bin_dir: str | None, ggufs: tuple | None = None):
     reason = missing_reason(folder, target_gguf)
     if reason:
         raise ValueError(f"llama.cpp peers cannot run: {reason}")
-    threads = getattr(decoder.target, "threads", None) or _torch_threads()
+    threads = threads or getattr(decoder.target, "threads", None) or _torch_threads()
     return PeerPool(folder, target_gguf, draft_gguf, threads, decoder.target.max_context)
 
 
