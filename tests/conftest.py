@@ -87,3 +87,14 @@ def save_tiny_model(path, model, tokenizer=None):
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return str(path)
+
+
+def assert_cache_keeps(engine, prompt, tokens) -> None:
+    """After a request the engine's target cache holds prompt + generated tokens minus the last, for reuse by
+    the next request (empty when the engine does not reuse prefixes), and its record says so."""
+    expected = (list(prompt) + list(tokens))[:-1] if engine.reuses_prefix else []
+    assert engine.retained.tokens == expected
+    assert engine.cache.length == len(expected)
+    drafter = getattr(engine.drafter, "model", engine.drafter)  # hybrid: its draft model
+    if getattr(drafter, "cache", None) is not None:
+        assert drafter.cache.length == len(drafter.retained.tokens)

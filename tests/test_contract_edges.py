@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_qwen2, tiny_tokenizer
+from conftest import assert_cache_keeps, tiny_qwen2, tiny_tokenizer
 from markov_backend import MarkovBackend
 from specdec.backends.transformers_backend import TransformersBackend
 from specdec.backends.weights import PackedFp32Linear, RowExactInt8Linear, apply_weight_format
@@ -77,7 +77,7 @@ def test_stop_string_ends_the_tokens_where_plain_decoding_does(target_model, dra
                 assert result.stats.num_generated_tokens == len(expected)
                 assert len(result.from_draft) == len(expected)
                 assert streamed(engine, PROMPT, params) == (expected, full[:start], "stop")
-                assert engine.cache.length == 0
+                assert_cache_keeps(engine, PROMPT, expected)
             tried += 1
             inside_a_step += end % 7 != 0  # steps emit 7 tokens: the stop did not end a step
     assert tried >= 60 and inside_a_step >= 50, (tried, inside_a_step)
@@ -144,9 +144,10 @@ def test_a_prompt_id_the_draft_cannot_embed_gives_plain_steps_not_a_crash(drafte
     readable = engine.generate([5, 6, 7], params)
     assert readable.stats.num_drafts > 0  # the control: with readable ids it drafts
     prompt = [5, 110, 7]
+    expected = plain_engine(target).generate(prompt, params).tokens
     result = engine.generate(prompt, params)
-    assert result.tokens == plain_engine(target).generate(prompt, params).tokens
-    assert engine.cache.length == 0
+    assert result.tokens == expected
+    assert_cache_keeps(engine, prompt, result.tokens)
 
 
 def test_a_target_generated_id_the_draft_cannot_embed_stops_drafting():

@@ -23,7 +23,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from conftest import tiny_llama
+from conftest import assert_cache_keeps, tiny_llama
 from markov_backend import MarkovCache
 from specdec import engine as engine_module
 from specdec.backends.transformers_backend import TransformersBackend
@@ -223,7 +223,7 @@ def test_eos_inside_a_draft_stops_right_after_it(llama, draft_kind):
         # the EOS token is not shown as text
         text = "".join(c.text for c in chunks)
         assert text == " ".join(str(t) for t in reference[:j])
-        assert engine.cache.length == 0  # nothing left over after the request
+        assert_cache_keeps(engine, prompt, tokens)  # what is left: the request's tokens, for the next one
 
 
 def test_ignore_eos_generates_past_eos(llama):
@@ -284,7 +284,7 @@ def test_stop_string_across_a_chunk_boundary_is_never_shown(llama, draft_kind):
         assert chunks[0].text == full[:start]  # the first half of the stop string was held back
     result = engine.generate(prompt, SamplingParams(max_tokens=NEW_TOKENS, stop=(stop,)))
     assert result.text == full[:start] and result.finish_reason == "stop"
-    assert engine.cache.length == 0
+    assert_cache_keeps(engine, prompt, result.tokens)  # the tokens end at the stop: so does the cache
 
 
 def test_stop_string_that_never_appears_changes_nothing(qwen):
@@ -355,7 +355,7 @@ def test_cache_invariant_after_every_chunk(llama, temperature):
         assert sum(len(c.tokens) for c in chunks) <= 20
 
 
-def test_abandoned_stream_leaves_caches_empty_and_engine_reusable(llama):
+def test_abandoned_stream_leaves_caches_consistent_and_engine_reusable(llama):
     prompt = PROMPTS[1]
     params_list = [GREEDY, SamplingParams(temperature=0.9, top_k=20, max_tokens=NEW_TOKENS, seed=5)]
     for params in params_list:
@@ -363,20 +363,21 @@ def test_abandoned_stream_leaves_caches_empty_and_engine_reusable(llama):
         engine = spec_engine(target, draft, 3)
         expected = engine.generate(prompt, params).tokens
         stream = engine.stream(PROMPTS[3], params)
-        next(stream)
-        next(stream)
+        emitted = next(stream).tokens + next(stream).tokens
         assert engine.cache.length > 0 and engine.drafter.cache.length > 0
         stream.close()
-        assert engine.cache.length == 0
-        assert engine.drafter.cache.length == 0
+        # The caches keep what the abandoned request had made consistent: its prompt and emitted tokens.
+        assert_cache_keeps(engine, PROMPTS[3], emitted)
         assert engine.generate(prompt, params).tokens == expected
     # and a consumer that raises mid-stream
     target, draft = llama.backends()
     engine = spec_engine(target, draft, 3)
+    emitted = []
     with pytest.raises(RuntimeError):
-        for _ in engine.stream(PROMPTS[3], GREEDY):
+        for chunk in engine.stream(PROMPTS[3], GREEDY):
+            emitted += chunk.tokens
             raise RuntimeError("client went away")
-    assert engine.cache.length == 0 and engine.drafter.cache.length == 0
+    assert_cache_keeps(engine, PROMPTS[3], emitted)
     assert engine.generate(prompt, GREEDY).tokens == llama.reference(prompt)
 
 
@@ -612,4 +613,5 @@ def test_draft_with_a_shorter_context_falls_back_to_plain_steps(qwen):
     assert tokens_of(chunks) == qwen.reference(prompt)
     stats = engine.last_stats
     assert stats.num_drafts > 0 and stats.num_target_forwards > stats.num_drafts  # some plain steps at the end
-    assert engine.drafter.cache.length == 0
+    assert_cache_keeps(engine, prompt, tokens_of(chunks))
+    assert engine.drafter.cache.length <= engine.drafter.cache.capacity

@@ -128,7 +128,8 @@ def test_abandoned_stream_leaves_the_drafter_reusable(target_backend, draft_back
     next(stream)
     next(stream)
     stream.close()
-    assert engine.drafter.model.cache.length == 0
+    model = engine.drafter.model  # the draft model keeps what its cache holds, and knows what that is
+    assert model.cache.length == len(model.retained.tokens) > 0
     assert engine.generate(REPETITIVE, params).tokens == plain_engine(target_backend).generate(REPETITIVE, params).tokens
 
 

@@ -308,6 +308,33 @@ def test_metrics_exposition(http, client):
     assert 'model_name="tiny"' in text and "_created" not in text
 
 
+def test_prefix_reuse_is_reported_as_cached_tokens(http, client, reference):
+    """A follow-up request shares the first one's prompt and output: usage.prompt_tokens_details.cached_tokens
+    says how much of it the KV cache held, /metrics counts it as prefix cache hits, and the output is
+    still plain greedy decoding's."""
+    first_prompt = [1] + [(i * 11 + 7) % 90 for i in range(24)]
+    first = client.completions.create(model="tiny", prompt=first_prompt, max_tokens=6, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert first.usage.prompt_tokens_details is not None
+    before = metric_values(http.get("/metrics").text)
+    generated = reference(first_prompt, max_tokens=6, temperature=0, ignore_eos=True).tokens
+    follow_up = first_prompt + generated + [40, 41]
+    chunks = list(client.completions.create(model="tiny", prompt=follow_up, max_tokens=6, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    cached = chunks[-1].usage.prompt_tokens_details.cached_tokens
+    assert cached == len(first_prompt) + len(generated) - 1  # everything the cache held was shared
+    assert chunks[-1].model_extra["specdec"]["num_cached_prompt_tokens"] == cached
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == reference(follow_up, max_tokens=6, temperature=0).text
+    after = metric_values(http.get("/metrics").text)
+    hits, queries = "specdec:prefix_cache_hits_total", "specdec:prefix_cache_queries_total"
+    assert after[(hits, ())] - before[(hits, ())] == cached
+    assert after[(queries, ())] - before[(queries, ())] == len(follow_up)
+    # A prompt sharing nothing: nothing cached (the field is still there, as OpenAI sends it).
+    out = client.completions.create(model="tiny", prompt=[2, 50, 51], max_tokens=2, temperature=0)
+    assert out.usage.prompt_tokens_details.cached_tokens == 0
+
+
 # --------------------------------------------------------------------------------------------- errors
 
 
@@ -516,7 +543,10 @@ def test_client_disconnect_mid_stream_stops_generation(slow_live, reference):
     # Generation stopped soon after the client left, far from max_tokens (each step takes >= 120 ms).
     assert values[GENERATED] - before[GENERATED] < max_tokens / 2
     engine = slow_live.decoder.engine()
-    assert engine.cache.length == 0 and engine.last_stats.num_generated_tokens < max_tokens / 2
+    stats = engine.last_stats
+    assert stats.num_generated_tokens < max_tokens / 2
+    # The target cache keeps the abandoned request's prompt and emitted tokens (minus the last) for reuse.
+    assert engine.cache.length == len(engine.retained.tokens) == stats.num_prompt_tokens + stats.num_generated_tokens - 1
     # The engine is free and its caches are consistent: the next request completes, and correctly.
     with httpx.Client(base_url=slow_live.url, timeout=60) as http:
         out = http.post("/v1/completions", json={"prompt": "w1 w2", "max_tokens": 6, "temperature": 0}).json()

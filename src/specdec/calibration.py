@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 import torch
 
 from .backends.base import embeddable_ids
+from .kvcache import release_retained
 
 DEFAULT_SIZES = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64)
 DEFAULT_CONTEXT = 256
@@ -32,10 +33,12 @@ def measure_pass_costs(backend, sizes: Sequence[int] = DEFAULT_SIZES, context_to
     Each timed pass is a forward plus the host reading its argmax (one device synchronisation, as
     the engine's verification does), and is rolled back afterwards. `cache` reuses a cache the caller
     owns (it is emptied before and after; sizes that do not fit in it are left out); otherwise one is
-    made for the measurement.
+    made for the measurement. Prefixes that idle engines and drafters keep on the backend are
+    dropped first (llama.cpp's caches share one KV memory; the measurement needs its room).
     """
     sizes = sorted({int(s) for s in sizes if int(s) >= 1})
     capacity = context_tokens + max(sizes) + 1
+    release_retained(backend)
     if cache is None:
         cache = backend.new_cache(min(capacity, backend.max_context))
     context_tokens = fitting_context(cache.capacity, context_tokens)

@@ -10,7 +10,7 @@ import torch
 
 from .config import SamplingParams, SpecConfig
 from .drafters.base import Draft, Drafter
-from .kvcache import ContextOverflowError
+from .kvcache import ContextOverflowError, RetainedPrefix
 from .metrics import SpecStats
 from .policy import make_policy
 from .sampling import greedy_tokens, make_generator, probabilities
@@ -48,6 +48,13 @@ class SpeculativeEngine:
 
     With no drafter (or k = 0) each step is one target forward on the last token: plain
     autoregressive decoding through exactly the same code, cache and weights.
+
+    Prefix reuse (prefix_cache, on by default; None reads `spec.prefix_cache` when SpecConfig has it):
+    after a request the target cache keeps its tokens (prompt + generated, minus the last), and the next
+    request keeps their longest common prefix with its prompt minus the last token and prefills only
+    the rest, as llama-server's slots do (a shared system prompt, a conversation's earlier turns). The
+    draft model's cache does the same (drafters/draft_model.py). Never on a batch-invariant target:
+    see reuses_prefix.
     """
 
     def __init__(
@@ -56,14 +63,36 @@ class SpeculativeEngine:
         drafter: Drafter | None = None,
         spec: SpecConfig | None = None,
         decode: Callable[[Sequence[int]], str] | None = None,
+        prefix_cache: bool | None = None,
     ):
         self.target = target
         self.drafter = drafter
         self.spec = spec or SpecConfig()
         self.decode = decode or _default_decoder(target)
         self.cache = None
+        if prefix_cache is None:
+            prefix_cache = getattr(self.spec, "prefix_cache", True)
+        self.prefix_cache = bool(prefix_cache)
+        self.retained = RetainedPrefix()  # the tokens self.cache holds between requests
+        self._runs = 0  # requests started (a stream collected after a newer one began leaves the caches alone)
         self.total_stats = SpecStats()
         self.adaptive_policies: dict[str | None, object] = {}  # per draft source, for the engine's lifetime
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Whether a request may keep the part of the target cache it shares with the previous request.
+
+        Not on a batch-invariant target (llama.cpp's exact mode, `target.batch_invariant`): there greedy
+        output must be bit-identical to plain decoding of the same prompt from a cold cache, and a kept
+        prefix was computed in other row splits (the previous prompt's prefill batches, one-row steps,
+        verification slices) than a cold prefill of the new prompt would use, which may round differently.
+        The torch backends have no such flag and no such promise: no torch weight format is
+        batch-invariant (docs/how-it-works.md), so a verification pass already rounds each row slightly
+        differently from a one-row pass, and their greedy contract is "plain greedy output except at
+        near-ties within that rounding". A kept prefix's keys and values come from exactly such passes,
+        so reuse stays within that contract (tests/test_prefix_cache.py checks outputs against cold runs).
+        """
+        return self.prefix_cache and not getattr(self.target, "batch_invariant", False)
 
     def _policy(self, source: str | None, request_policies: dict):
         """The k policy of one draft source (a drafter may have several: see Drafter.next_source).
@@ -87,6 +116,7 @@ class SpeculativeEngine:
 
         if self.cache is None:
             self.cache = self.target.new_cache(self.target.max_context)
+        self.retained.drop()  # the measurement empties the cache
         k = self.spec.num_speculative_tokens
         sizes = sizes or sorted({s for s in DEFAULT_SIZES if s <= k + 1} | {1, k + 1})
         costs = measure_pass_costs(self.target, sizes, cache=self.cache)
@@ -140,14 +170,22 @@ class SpeculativeEngine:
         if self.spec.k_policy == "adaptive" and getattr(self.target, "calibrate_on_first_use", False) \
                 and getattr(self.target, "pass_costs", None) is None:
             self.calibrate()  # a GPU: rows are nearly free, which no line through two sizes would show
+        self._runs += 1
+        run = self._runs
         cache = self.cache
-        cache.trim(cache.length)
+        reuse = self.reuses_prefix
+        # Keep the longest common prefix of what the cache holds and prompt[:-1]; prefill only the rest.
+        cached = self.retained.claim(self.target, cache, prompt[:-1], reuse)
+        stats.num_cached_prompt_tokens = cached
         drafter = self.drafter
+        if drafter is not None and hasattr(drafter, "prefix_cache"):
+            drafter.prefix_cache = self.prefix_cache  # one switch for both caches
         context = list(prompt)
         generated = 0
+        clean = False  # ended (or was abandoned) between steps, where the cache invariant holds
         try:
-            if len(prompt) > 1:
-                self.target.forward(prompt[:-1], cache, num_logits=1)
+            if len(prompt) - 1 > cached:
+                self.target.forward(prompt[cached:-1], cache, num_logits=1)
             if drafter is not None:
                 drafter.begin(prompt, params, generator)
             stats.prefill_seconds = time.perf_counter() - began
@@ -218,14 +256,25 @@ class SpeculativeEngine:
                 stats.total_seconds = time.perf_counter() - began
                 yield Chunk(new_tokens, new_from_draft, delta, finish)
                 if finish is not None:
+                    clean = True
                     return
+        except GeneratorExit:  # the caller closed the stream at a yield: the invariant holds there
+            clean = True
+            raise
         finally:
             stats.total_seconds = time.perf_counter() - began
             self.total_stats.merge(stats)
-            # Leave both caches empty and consistent even when the caller abandons the stream.
-            cache.trim(cache.length)
-            if drafter is not None:
-                drafter.end()
+            # A stream abandoned without close() may be collected after a newer request began on this
+            # engine: the caches are that request's then.
+            if run == self._runs:
+                if clean and cache.length == len(context) - 1:
+                    # Keep prompt + generated tokens for the next request (emptied when reuse is off).
+                    self.retained.tokens = context[:-1]
+                    self.retained.release(reuse)
+                else:
+                    self.retained.drop()  # an error mid-step: what the cache holds is not certain
+                if drafter is not None:
+                    drafter.end()
 
 
 def _default_decoder(backend) -> Callable[[Sequence[int]], str]:
@@ -235,9 +284,9 @@ def _default_decoder(backend) -> Callable[[Sequence[int]], str]:
     return lambda ids: " ".join(str(i) for i in ids)
 
 
-def plain_engine(target, decode=None) -> SpeculativeEngine:
+def plain_engine(target, decode=None, prefix_cache: bool | None = None) -> SpeculativeEngine:
     """The autoregressive baseline: the same loop and backend with no drafter."""
-    return SpeculativeEngine(target, None, SpecConfig(), decode)
+    return SpeculativeEngine(target, None, SpecConfig(), decode, prefix_cache)
 
 
 __all__ = ["Chunk", "Generation", "SpeculativeEngine", "plain_engine"]

@@ -17,6 +17,8 @@ class SpecStats:
     num_target_forwards: int = 0
     num_generated_tokens: int = 0
     num_prompt_tokens: int = 0
+    # Prompt tokens the target cache already held from the previous request (prefix reuse): not prefilled.
+    num_cached_prompt_tokens: int = 0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     prefill_seconds: float = 0.0
@@ -39,7 +41,7 @@ class SpecStats:
     def merge(self, other: "SpecStats") -> "SpecStats":
         for name in (
             "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_target_forwards",
-            "num_generated_tokens", "num_prompt_tokens", "draft_seconds", "target_seconds",
+            "num_generated_tokens", "num_prompt_tokens", "num_cached_prompt_tokens", "draft_seconds", "target_seconds",
             "prefill_seconds", "total_seconds",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -91,6 +93,7 @@ class SpecStats:
             "num_target_forwards": self.num_target_forwards,
             "num_generated_tokens": self.num_generated_tokens,
             "num_prompt_tokens": self.num_prompt_tokens,
+            "num_cached_prompt_tokens": self.num_cached_prompt_tokens,
             "draft_seconds": round(self.draft_seconds, 4),
             "target_seconds": round(self.target_seconds, 4),
             "prefill_seconds": round(self.prefill_seconds, 4),

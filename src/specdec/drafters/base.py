@@ -34,6 +34,13 @@ class Drafter(Protocol):
     from (e.g. "ngram3" for a 3-gram copy, "model"); the engine keeps one k policy per source, since
     their acceptance and cost differ. None means nothing to propose: the engine takes a plain step.
     Without the method, the drafter is one source named after itself.
+
+    A drafter with a cache of its own (a draft model) may keep it across requests: `begin` then keeps
+    the part it shares with the new prompt (the longest common prefix, at most prompt[:-1]) instead of
+    starting empty, and `end` leaves it holding what it holds, which the drafter records. Such a drafter
+    has a `prefix_cache: bool` attribute, which the engine sets from its own switch before `begin`
+    (False: empty at `begin` and at `end`, as a cold run wants). `end` is called once a request stops,
+    however it stops; after an error inside `propose`, the drafter empties its cache itself.
     """
 
     name: str

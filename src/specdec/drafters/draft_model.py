@@ -9,6 +9,7 @@ import torch
 
 from ..backends.base import embeddable_ids
 from ..config import SamplingParams, SpecConfig
+from ..kvcache import RetainedPrefix
 from ..sampling import greedy_tokens, probabilities, sample_token
 from .base import Draft, register_drafter
 
@@ -23,6 +24,12 @@ class DraftModelDrafter:
     always matching in the hybrid) never pays for it. That first catch-up is timed apart from drafting
     (Draft.catchup_seconds: a one-off); later ones, after steps this drafter sat out, are part of what
     drafting costs and stay in Draft.seconds, so the k policy sees them.
+
+    Prefix reuse: the cache outlives the request. `self.retained.tokens` is kept equal to what it holds
+    (prompt, accepted tokens, and draft tokens of the last step that were never rolled back), and
+    begin() keeps their longest common prefix with the new prompt minus its last token, so the
+    catch-up feeds only the rest. Always allowed, whatever the target: the draft only proposes, and
+    the target verifies every token. `prefix_cache` (the engine sets it from its own switch) turns it off.
     """
 
     name = "draft_model"
@@ -33,6 +40,9 @@ class DraftModelDrafter:
         self.backend = draft_backend
         self.spec = spec or SpecConfig()
         self.cache = None
+        self.prefix_cache = getattr(self.spec, "prefix_cache", True)
+        self.retained = RetainedPrefix()
+        self.num_cached_prompt_tokens = 0  # prompt tokens this request found in the cache
         self._fed_draft = 0  # draft tokens written to the cache by the last propose()
         self._prompt_fed = False  # whether this request's first catch-up (the prompt) has happened
         # Ids the draft model can embed (llama.cpp's table has one row per vocabulary id). load_pair refuses a
@@ -46,7 +56,9 @@ class DraftModelDrafter:
         self.generator = generator
         if self.cache is None:
             self.cache = self.backend.new_cache(self.backend.max_context)
-        self.cache.trim(self.cache.length)
+        # At most prompt[:-1]: the first propose() must feed at least the last context token for its logits.
+        self.num_cached_prompt_tokens = self.retained.claim(self.backend, self.cache, prompt[:-1],
+                                                            self.prefix_cache)
         self._fed_draft = 0
         self._prompt_fed = False
         self._checked = 0
@@ -73,16 +85,26 @@ class DraftModelDrafter:
         k = max(0, min(k, room))
         if k == 0 or not self.can_draft(context):
             return Draft([], None, time.perf_counter() - began)
+        try:
+            return self._propose(context, k, began)
+        except BaseException:
+            self.retained.drop()  # a forward failed part way: what the cache holds is not certain
+            raise
+
+    def _propose(self, context: Sequence[int], k: int, began: float) -> Draft:
+        held = self.retained.tokens  # what the cache holds, kept in step with every forward and trim
         pending = list(context[self.cache.length :])
         catchup = 0.0
         if len(pending) > 2:
             # More than the usual 1-2 tokens behind: feed the backlog as its own (prefill-like) forward.
             self.backend.forward(pending[:-1], self.cache, num_logits=1)
+            held += pending[:-1]
             pending = pending[-1:]
             if not self._prompt_fed:
                 catchup = time.perf_counter() - began
         self._prompt_fed = True
         logits = self.backend.forward(pending, self.cache, num_logits=1)[-1]
+        held += pending
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
@@ -101,18 +123,21 @@ class DraftModelDrafter:
             tokens.append(token)
             if i < k - 1:
                 logits = self.backend.forward([token], self.cache, num_logits=1)[-1]
+                held.append(token)
         self._fed_draft = len(tokens) - 1 if len(tokens) == k else len(tokens)
         # The cache now holds context + every proposed token except possibly the last.
         probs = torch.stack(rows) if rows else None
         return Draft(tokens, probs, time.perf_counter() - began - catchup, catchup)
 
     def accepted(self, num_accepted: int, num_proposed: int) -> None:
-        self.cache.trim(max(0, self._fed_draft - num_accepted))
+        dropped = self.cache.trim(max(0, self._fed_draft - num_accepted))
+        if dropped:
+            del self.retained.tokens[-dropped:]
         self._fed_draft = 0
 
     def end(self) -> None:
-        if self.cache is not None:
-            self.cache.trim(self.cache.length)
+        """Keep the cache's tokens for the next request (emptied when prefix_cache is off)."""
+        self.retained.release(self.prefix_cache)
 
 
 register_drafter("draft_model", lambda draft_backend=None, spec=None, **kw: DraftModelDrafter(draft_backend, spec))

@@ -3,7 +3,8 @@
 Lookup drafts carry probs=None (one-hot q); model drafts carry the model's q, so the verifier stays
 lossless step by step whichever source was used. The draft model's KV cache stays consistent across
 lookup steps: only the model's own proposals are reported back to it through accepted(), and on its
-next propose() it feeds whatever context it has not seen yet (DraftModelDrafter's catch-up).
+next propose() it feeds whatever context it has not seen yet (DraftModelDrafter's catch-up). Across
+requests the draft model keeps the prefix its cache shares with the next prompt (DraftModelDrafter).
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ class HybridDrafter:
         self._last_source: str | None = None  # "lookup" or "model": who made the draft being verified
         self.num_lookup_drafts = 0
         self.num_model_drafts = 0
+
+    @property
+    def prefix_cache(self) -> bool:
+        """Whether the draft model keeps its cache's shared prefix across requests (the engine sets it)."""
+        return self.model.prefix_cache
+
+    @prefix_cache.setter
+    def prefix_cache(self, value: bool) -> None:
+        self.model.prefix_cache = value
 
     def begin(self, prompt: Sequence[int], params: SamplingParams, generator: torch.Generator) -> None:
         self.lookup.begin(prompt, params, generator)

@@ -436,8 +436,13 @@ async def _collect(state: ServerState, ctx: ResponseContext, job: Job, request: 
         watcher.cancel()
         job.cancel()
     finish = job.finish_reason if job.finish_reason in ("stop", "length") else None
-    body = ctx.full("".join(texts), finish, usage(len(job.prompt_ids), job.num_generated), state.specdec_stats(job))
+    body = ctx.full("".join(texts), finish, _usage(job), state.specdec_stats(job))
     return JSONResponse(body)
+
+
+def _usage(job: Job) -> dict[str, Any]:
+    cached = job.stats.num_cached_prompt_tokens if job.stats is not None else 0
+    return usage(len(job.prompt_ids), job.num_generated, cached)
 
 
 async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, include_usage: bool):
@@ -464,7 +469,7 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
                     empty = "" if ctx.kind == "completion" else None
                     yield sse.event(ctx.chunk(empty, final, include_usage=include_usage, specdec=stats))
                 if include_usage:
-                    yield sse.event(ctx.usage_chunk(usage(len(job.prompt_ids), job.num_generated), stats))
+                    yield sse.event(ctx.usage_chunk(_usage(job), stats))
         yield sse.DONE
     finally:
         job.cancel()

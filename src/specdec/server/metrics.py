@@ -53,6 +53,13 @@ class ServerMetrics:
         )
         self._prompt_tokens = counter("specdec:prompt_tokens", "Number of prefill tokens processed.")
         self._generation_tokens = counter("specdec:generation_tokens", "Number of generation tokens processed.")
+        # vLLM's prefix cache counters, in tokens: hits / queries is the share of prompt tokens not prefilled.
+        self._prefix_cache_queries = counter(
+            "specdec:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+        )
+        self._prefix_cache_hits = counter(
+            "specdec:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
         self._request_success = counter(
             "specdec:request_success", "Count of finished requests by finish reason (stop, length, abort, error).",
             ["finished_reason"],
@@ -97,6 +104,8 @@ class ServerMetrics:
                 ("num_drafts", self._num_drafts),
                 ("num_draft_tokens", self._num_draft_tokens),
                 ("num_accepted_tokens", self._num_accepted_tokens),
+                ("num_prompt_tokens", self._prefix_cache_queries),
+                ("num_cached_prompt_tokens", self._prefix_cache_hits),
             ):
                 value = getattr(now, name)
                 if value > before.get(name, 0):

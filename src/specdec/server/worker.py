@@ -5,7 +5,8 @@ touches them. HTTP handlers enqueue a Job and await its events on the event loop
 the engine's stream for each job in arrival order and hands every Chunk back with
 `loop.call_soon_threadsafe`, so the event loop never blocks on a forward pass. A job that is
 cancelled (client gone) stops at the next engine step; closing the stream runs the engine's
-`finally`, which leaves the caches empty and consistent for the next job. On shutdown, queued jobs
+`finally`, which leaves the caches consistent for the next job (holding the request's tokens, whose
+common prefix with the next prompt that job does not prefill again: see SpeculativeEngine). On shutdown, queued jobs
 are failed at once and the running one is ended with a `ServerShuttingDown` error event.
 """
 
