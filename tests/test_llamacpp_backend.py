@@ -12,7 +12,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.backends.llamacpp_backend import INVARIANT_ROWS, LlamaCppBackend, batch_invariance_problems
+from specdec.backends.llamacpp_backend import (
+    EXACT_REPACKED_ROWS, INVARIANT_ROWS, LlamaCppBackend, batch_invariance_problems,
+)
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
 from specdec.engine import SpeculativeEngine, plain_engine
@@ -98,12 +100,20 @@ def test_rows_are_bit_identical_alone_or_in_a_batch(gguf_dir, model):
 
 
 def test_negative_controls_show_the_kernels_the_backend_avoids(gguf_dir):
-    # Repacked Q4_K weights (llama.cpp's default CPU path): gemm for 4+ rows, tiled for 8+, rows change.
+    # Fast mode (the default): repacked Q4_K weights take the gemm for each group of 4 rows: rows change.
     fast = LlamaCppBackend(gguf_dir["q4_k"], max_context=512, threads=2, batch_invariant=False)
-    assert sum(_row_differences(fast)) > 0
-    # Without slicing, 8+ rows in one llama_decode take the tiled K-quant matmul and change too.
-    invariant = LlamaCppBackend(gguf_dir["q4_k"], max_context=512, threads=2)
-    differences = _row_differences(invariant, one_decode=True)
+    assert fast.extra_buffers and sum(_row_differences(fast)) > 0
+    # Exact mode keeps the repacked weights, so its slices must stay under 4 rows: passes of 2-3 rows take the
+    # one-row gemv, passes of 4+ rows in one llama_decode do not.
+    exact = LlamaCppBackend(gguf_dir["q4_k"], max_context=512, threads=2, batch_invariant=True)
+    assert exact.extra_buffers and exact.invariant_rows == EXACT_REPACKED_ROWS == 3
+    differences = _row_differences(exact, one_decode=True)
+    assert differences[:2] == [0, 0] and all(d > 0 for d in differences[2:])
+    # Without repacking, 8+ rows in one llama_decode take the tiled K-quant matmul and change too.
+    stored = LlamaCppBackend(gguf_dir["q4_k"], max_context=512, threads=2, batch_invariant=True, extra_buffers=False)
+    assert stored.invariant_rows == INVARIANT_ROWS
+    assert _row_differences(stored) == [0] * (len(ROWS) - 1)
+    differences = _row_differences(stored, one_decode=True)
     assert differences[: INVARIANT_ROWS - 1] == [0] * (INVARIANT_ROWS - 1)
     assert all(d > 0 for d in differences[INVARIANT_ROWS - 1 :])
 

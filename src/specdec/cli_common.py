@@ -115,6 +115,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                         "heuristic (transformers' +2/-1)")
     parser.add_argument("--draft-p-min", type=float, default=0.0,
                         help="stop drafting when the draft's top probability falls below this (default 0: off)")
+    parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                        help="prefill every prompt from scratch (default: reuse the KV cache of the prefix a request "
+                        "shares with the previous one, as llama-server does; never under --exact)")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -174,7 +177,7 @@ def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfi
               if getattr(args, name, None) is not None}  # no flags: only a --config file sets them
     return SpecConfig(
         num_speculative_tokens=args.k if args.k is not None else default_k(args), drafter=drafter, draft_p_min=args.draft_p_min, k_policy=args.k_policy,
-        **lookup,
+        prefix_cache=getattr(args, "prefix_cache", True), **lookup,
     )
 
 

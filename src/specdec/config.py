@@ -79,6 +79,9 @@ class SpecConfig:
     # Prompt-lookup n-gram sizes (used by lookup drafters).
     lookup_max_ngram: int = 3
     lookup_min_ngram: int = 1
+    # Keep the KV cache of the previous request and prefill only what a new prompt adds after the longest
+    # common prefix (llama-server's cache_prompt). The exact llama.cpp target never reuses: see engine.py.
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
