@@ -117,24 +117,36 @@ def format_generation_report(report: dict) -> str:
         f"prompt tokens        {report['prompt_tokens']}",
         f"generated tokens     {stats['num_generated_tokens']}  (finish: {report['finish_reason']})",
         f"drafter              {report['spec']['drafter']}, k={report['spec']['k']} ({report['spec']['k_policy']})",
-        f"acceptance rate      {stats['acceptance_rate']:.3f}  (accepted / drafted tokens)",
-        f"mean accept. length  {stats['mean_acceptance_length']:.2f}  (tokens per target pass, incl. bonus)",
-        f"per-position accept  {', '.join(f'{x:.2f}' for x in stats['acceptance_rate_per_pos'])}",
-        f"speculative          {stats['tokens_per_second']:.2f} tokens/s",
     ]
-    if "plain" in report:
+    drafted = stats.get("num_draft_tokens", 0) > 0
+    if drafted:
         lines += [
-            f"plain decoding       {report['plain']['tokens_per_second']:.2f} tokens/s (same weights, same run)",
-            f"speedup              {report['speedup']:.2f}x",
-            f"cost ratio c         {report['cost_ratio']:.3f}  (drafting time per draft token / target forward)",
-            f"Leviathan bound      {report['leviathan_bound']:.2f}x  (from measured acceptance and c)",
+            f"acceptance rate      {stats['acceptance_rate']:.3f}  (accepted / drafted tokens)",
+            f"mean accept. length  {stats['mean_acceptance_length']:.2f}  (tokens per target pass, incl. bonus)",
+            f"per-position accept  {', '.join(f'{x:.2f}' for x in stats['acceptance_rate_per_pos'])}",
         ]
-        if report.get("cost_model_bound") is not None:
+    else:
+        why = ("the adaptive policy found that drafting does not pay at the costs it measured here"
+               if report["spec"]["k_policy"] == "adaptive" else "the drafter proposed nothing")
+        lines.append(f"drafts               none: {why}; every step was a plain one")
+    lines.append(f"speculative          {stats['tokens_per_second']:.2f} tokens/s")
+    if "plain" in report:
+        lines.append(f"plain decoding       {report['plain']['tokens_per_second']:.2f} tokens/s (same weights, same run)")
+        if drafted:
             lines += [
-                f"verify cost          {report['verify_cost']:.2f}  (mean target pass / one-token pass; "
-                f"Leviathan assumes 1)",
-                f"bound at that cost   {report['cost_model_bound']:.2f}x",
+                f"speedup              {report['speedup']:.2f}x",
+                f"cost ratio c         {report['cost_ratio']:.3f}  (drafting time per draft token / target forward)",
+                f"Leviathan bound      {report['leviathan_bound']:.2f}x  (from measured acceptance and c)",
             ]
+            if report.get("cost_model_bound") is not None:
+                lines += [
+                    f"verify cost          {report['verify_cost']:.2f}  (mean target pass / one-token pass; "
+                    f"Leviathan assumes 1)",
+                    f"bound at that cost   {report['cost_model_bound']:.2f}x",
+                ]
+        else:
+            lines.append("speedup              none measured: with no drafts both runs decoded plainly, so their "
+                         "difference is timing noise")
         if "identical_to_plain" in report:
             lines.append("greedy identical     yes  (vs plain decoding)" if report["identical_to_plain"]
                          else _divergence_line(report))

@@ -1,0 +1,67 @@
+"""What `specdec generate` prints: no speedup or acceptance from a run that drafted nothing, and where greedy outputs part."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.report import first_divergence, format_generation_report
+
+
+def report(drafted: int, identical: bool = True) -> dict:
+    stats = {"num_generated_tokens": 10, "num_draft_tokens": drafted, "acceptance_rate": 0.5 if drafted else 0.0,
+             "mean_acceptance_length": 1.5, "acceptance_rate_per_pos": [0.5] if drafted else [],
+             "tokens_per_second": 10.9}
+    out = {"prompt_tokens": 5, "finish_reason": "length", "stats": stats,
+           "spec": {"drafter": "draft_model", "k": 5, "k_policy": "adaptive"},
+           "plain": {"tokens_per_second": 10.0}, "speedup": 1.09, "cost_ratio": 0.4, "leviathan_bound": 1.2,
+           "verify_cost": 1.6, "cost_model_bound": 1.01, "identical_to_plain": identical,
+           "runtime": "llama.cpp AVX2; repacked weights; fast"}
+    if not identical:
+        out["divergence"] = {"token_index": 7, "plain_token": 11, "speculative_token": 12, "logit_gap": 0.0123}
+    return out
+
+
+def test_a_run_that_drafted_prints_its_speedup_and_bounds():
+    text = format_generation_report(report(drafted=8))
+    assert "speedup              1.09x" in text and "Leviathan bound" in text and "acceptance rate      0.500" in text
+
+
+def test_a_run_without_drafts_prints_no_speedup_acceptance_or_bound():
+    text = format_generation_report(report(drafted=0))
+    assert "drafts               none" in text and "drafting does not pay" in text
+    assert "1.09x" not in text and "Leviathan" not in text and "acceptance rate" not in text
+    assert "timing noise" in text and "10.00 tokens/s" in text  # both rates stay, labelled
+
+
+def test_where_greedy_outputs_part_is_printed():
+    text = format_generation_report(report(drafted=8, identical=False))
+    assert "NO: from generated token 7" in text and "0.0123" in text and "--exact" in text
+    assert "runtime              llama.cpp AVX2" in text
+
+
+class _Target:
+    """Logits that favour token 11 over 12 by 0.25 after any context."""
+
+    max_context = 64
+
+    def new_cache(self, capacity):
+        class Cache:
+            length = 0
+
+            def trim(self, n):
+                self.length -= n
+        return Cache()
+
+    def forward(self, tokens, cache, num_logits=1):
+        cache.length += len(tokens)
+        row = torch.zeros(1, 20)
+        row[0, 11], row[0, 12] = 1.0, 0.75
+        return row
+
+
+def test_first_divergence_finds_the_token_and_the_gap():
+    decoder = type("D", (), {"target": _Target()})()
+    where = first_divergence(decoder, [1, 2], [3, 4, 11, 5], [3, 4, 12, 6])
+    assert where == {"token_index": 2, "plain_token": 11, "speculative_token": 12, "logit_gap": 0.25}
+    # One output a prefix of the other (ended differently): the index, no gap.
+    assert first_divergence(decoder, [1], [3, 4], [3, 4, 9])["token_index"] == 2
