@@ -45,8 +45,10 @@ def register(commands) -> None:
     bench.add_argument(
         "--methods", default=None,
         help=f"comma-separated methods from: {', '.join(FAMILIES)} (default: {','.join(DEFAULT_METHODS)}; "
-        "'spec' and 'hf_assisted_k' expand to --k-sweep; plain, and hf_plain with transformers' speculative "
-        "methods, are always added as baselines)",
+        "'spec' and 'hf_assisted_k' expand to --k-sweep; exact_<one of ours> (exact_plain, exact_adaptive, "
+        "...) runs it on a second llama.cpp target with the exact kernels of --exact, beside the default ones; "
+        "plain, hf_plain with transformers' speculative methods and exact_plain with exact_ ones are always "
+        "added as baselines)",
     )
     bench.add_argument("--k-sweep", default="2,4,6",
                        help="draft lengths for the fixed-k methods (spec, hf_assisted_k); default 2,4,6")
@@ -129,7 +131,14 @@ def validate_bench_args(args: argparse.Namespace) -> None:
     params = sampling_from_args(args)
     if params.stop and any(m.kind == "hf" for m in methods):
         raise ConfigError("--stop is not supported with the transformers methods; drop --stop or choose --methods")
-    bench_model_ref(args)
+    ref = bench_model_ref(args)
+    exact = [m.name for m in methods if m.exact]
+    if exact and ref.batch_invariant:
+        raise ConfigError(f"{', '.join(exact)}: --exact already puts every method on the exact kernels; drop "
+                          "--exact to time the exact_ methods beside the default kernels")
+    if exact and ref.backend == "torch":
+        raise ConfigError(f"{', '.join(exact)}: the exact_ methods need the llama.cpp backend (the torch backend "
+                          "has one set of kernels)")
 
 
 def bench_model_ref(args: argparse.Namespace, threads: int | None = None) -> ModelRef:
@@ -191,6 +200,7 @@ def _bench_at(args: argparse.Namespace, prompts: list, threads: int | None, deco
         print(f"loading {ref.target} (draft: {ref.draft or 'none'}, backend {ref.backend}"
               f"{f', {threads} threads' if threads else ''})", file=sys.stderr, flush=True)
         decoder = SpecDecoder.load(ref)
+    from .exact import exact_missing_reason
     from .llamacpp_peer import PeerError, binaries_dir, gguf_files, missing_reason
 
     ggufs = gguf_files(decoder, ref.target, ref.draft) if loaded_here else gguf_files(decoder)
@@ -199,6 +209,7 @@ def _bench_at(args: argparse.Namespace, prompts: list, threads: int | None, deco
         has_hf_model=getattr(decoder.target, "model", None) is not None,
         llamacpp_missing=missing_reason(binaries_dir(args.llamacpp_bin), ggufs[0]),
         llamacpp_draft_missing=None if ggufs[1] is not None else "the draft is not a GGUF file",
+        exact_missing=exact_missing_reason(decoder.target),
     )
     on_torch = getattr(decoder.target, "model", None) is not None
     for name, reason in skipped.items():

@@ -11,13 +11,16 @@ assistant tokens, confidence stopping off; family `hf_assisted_k` expands to --k
 The other peer, llama.cpp's own llama-server on the same GGUF files (bench/llamacpp_peer.py):
 `llamacpp_plain`, `llamacpp_spec` (its draft-model speculation, default settings; `llamacpp_spec_k<K>`
 sets its draft length) and `llamacpp_ngram` (its n-gram speculation).
+`exact_<method>` is any of our methods on a second target loaded with llama.cpp's exact (batch-invariant)
+kernels, what `--exact` runs (`exact_plain`: plain decoding with them, the exact methods' baseline); see
+bench/exact.py.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config import ConfigError, SpecConfig
 
@@ -28,11 +31,14 @@ DEFAULT_METHODS = (
 FAMILIES = (
     "plain", "spec", "spec_k<K>", "adaptive", "heuristic", "prompt_lookup", "prompt_lookup_adaptive", "hybrid",
     "hybrid_adaptive", "hf_plain", "hf_assisted", "hf_assisted_k", "hf_assisted_k<K>", "hf_prompt_lookup",
-    "llamacpp_plain", "llamacpp_spec", "llamacpp_spec_k<K>", "llamacpp_ngram",
+    "llamacpp_plain", "llamacpp_spec", "llamacpp_spec_k<K>", "llamacpp_ngram", "exact_<one of ours>",
 )
 # Each peer framework's own plain decoding: its speculative methods are also compared with it.
 PEER_BASELINES = {"hf": "hf_plain", "llamacpp": "llamacpp_plain"}
-BASELINES = ("plain", *PEER_BASELINES.values())
+# Our methods on the exact kernels (--exact) carry this prefix; exact_plain is their baseline.
+EXACT_PREFIX = "exact_"
+EXACT_BASELINE = EXACT_PREFIX + "plain"
+BASELINES = ("plain", *PEER_BASELINES.values(), EXACT_BASELINE)
 _SPEC_K = re.compile(r"^spec_k(\d+)$")
 _HF_K = re.compile(r"^hf_assisted_k(\d+)$")
 _LLAMACPP_K = re.compile(r"^llamacpp_spec_k(\d+)$")
@@ -57,10 +63,11 @@ class Method:
     requires: str | None = None  # module that must import for the method to exist
     llamacpp_mode: str | None = None  # "plain", "spec" or "ngram"
     llamacpp_draft_max: int | None = None  # llama-server --spec-draft-n-max (None: its default)
+    exact: bool = False  # runs on the target loaded with the exact kernels (--exact), not the default ones
 
     @property
     def baseline(self) -> str:
-        return PEER_BASELINES.get(self.kind, "plain")
+        return EXACT_BASELINE if self.exact else PEER_BASELINES.get(self.kind, "plain")
 
     @property
     def is_plain(self) -> bool:
@@ -70,6 +77,7 @@ class Method:
         out = {
             "name": self.name, "kind": self.kind, "description": self.description, "k": self.k,
             "fixed_k": self.fixed_k, "baseline": self.baseline, "uses_draft_model": self.uses_draft_model,
+            "exact": self.exact,
         }
         if self.spec is not None:
             out["spec"] = {
@@ -127,6 +135,8 @@ def _k_of(name: str, match: re.Match) -> int:
 
 def expand_method(name: str, options: MethodOptions) -> list[Method]:
     """One --methods entry to the Method objects it stands for; ConfigError for unknown names."""
+    if name.startswith(EXACT_PREFIX):
+        return _exact_methods(name, options)
     if name == "plain":
         return [Method("plain", "specdec", "our engine, no drafter (baseline)", spec=SpecConfig(drafter="none"))]
     if name == "spec":
@@ -185,15 +195,38 @@ def expand_method(name: str, options: MethodOptions) -> list[Method]:
     raise ConfigError(f"unknown method {name!r}; choose from {', '.join(FAMILIES)} (K an integer)")
 
 
+def _exact_methods(name: str, options: MethodOptions) -> list[Method]:
+    """exact_<m>: our method m (a family expands: exact_spec -> exact_spec_k2, ...) on the exact kernels."""
+    inner = name[len(EXACT_PREFIX):]
+    hint = "exact_ takes one of our engine's methods (exact_plain, exact_adaptive, exact_spec_k4, ...)"
+    try:
+        members = expand_method(inner, options) if not inner.startswith(EXACT_PREFIX) else None
+    except ConfigError:
+        members = None
+    if not members:
+        raise ConfigError(f"unknown method {name!r}; {hint}")
+    if any(m.kind != "specdec" for m in members):
+        raise ConfigError(f"method {name!r}: {hint}, not transformers' or llama-server's (they have no exact mode)")
+    return [
+        replace(m, name=EXACT_PREFIX + m.name, exact=True,
+                description=(f"{m.description.removesuffix(' (baseline)')}, exact kernels (--exact)"
+                             + (" (baseline of the exact_ methods)" if m.name == "plain" else "")))
+        for m in members
+    ]
+
+
 def unavailable_reason(
     method: Method, has_draft_model: bool, has_hf_model: bool = True, llamacpp_missing: str | None = None,
-    llamacpp_draft_missing: str | None = None,
+    llamacpp_draft_missing: str | None = None, exact_missing: str | None = None,
 ) -> str | None:
     """Why a method cannot run here (missing module, no draft model, not transformers, no llama-server).
 
     llamacpp_missing: why no llama.cpp peer can run (no binaries, target not GGUF); llamacpp_draft_missing:
-    why its draft-model speculation cannot (the draft is not a GGUF file).
+    why its draft-model speculation cannot (the draft is not a GGUF file); exact_missing: why the exact_
+    methods cannot (bench/exact.py: not the llama.cpp backend, or its target already exact).
     """
+    if method.exact and exact_missing:
+        return exact_missing
     if method.requires:
         try:
             importlib.import_module(method.requires)
@@ -218,11 +251,13 @@ def unavailable_reason(
 def resolve_methods(
     text: str | None, options: MethodOptions, has_draft_model: bool | None = None, has_hf_model: bool = True,
     llamacpp_missing: str | None = None, llamacpp_draft_missing: str | None = None,
+    exact_missing: str | None = None,
 ) -> tuple[list[Method], dict[str, str]]:
     """Parse --methods (None = the default set) into runnable methods plus {skipped name: reason}.
 
-    Baselines are added when missing: `plain` always (every speedup is relative to it), and a peer's own
-    plain decoding (`hf_plain`, `llamacpp_plain`) whenever one of its speculative methods is selected.
+    Baselines are added when missing: `plain` always (every speedup is relative to it), a peer's own
+    plain decoding (`hf_plain`, `llamacpp_plain`) whenever one of its speculative methods is selected, and
+    `exact_plain` whenever an exact_ method is.
     Explicitly requested methods that cannot run are an error; unavailable members of the default set are
     skipped and reported. With has_draft_model=None only names are checked (before any model is loaded).
     """
@@ -238,13 +273,15 @@ def resolve_methods(
     for kind, baseline in PEER_BASELINES.items():
         if any(m.kind == kind and not m.is_plain for m in methods) and not any(m.name == baseline for m in methods):
             methods.append(expand_method(baseline, options)[0])
+    if any(m.exact for m in methods) and not any(m.name == EXACT_BASELINE for m in methods):
+        methods.append(expand_method(EXACT_BASELINE, options)[0])
     unique = list({m.name: m for m in methods}.values())
     if has_draft_model is None:
         return unique, {}
     runnable, skipped = [], {}
     for method in unique:
         reason = unavailable_reason(method, has_draft_model, has_hf_model, llamacpp_missing,
-                                    llamacpp_draft_missing)
+                                    llamacpp_draft_missing, exact_missing)
         if reason is None:
             runnable.append(method)
         elif explicit and method.name in names or explicit and _family_requested(method.name, names):
@@ -257,12 +294,15 @@ def resolve_methods(
 def _family_requested(name: str, names: list[str]) -> bool:
     if any(n.startswith("llamacpp_") for n in names) and name == "llamacpp_plain":
         return True  # the baseline of an explicitly requested llama.cpp method
+    if name.startswith(EXACT_PREFIX):
+        exact = [n[len(EXACT_PREFIX):] for n in names if n.startswith(EXACT_PREFIX)]
+        return bool(exact) and (name == EXACT_BASELINE or _family_requested(name[len(EXACT_PREFIX):], exact))
     return (name.startswith("spec_k") and "spec" in names) or (
         name.startswith("hf_assisted_k") and "hf_assisted_k" in names
     )
 
 
 __all__ = [
-    "BASELINES", "DEFAULT_METHODS", "FAMILIES", "PEER_BASELINES", "Method", "MethodOptions", "expand_method",
-    "parse_k_list", "resolve_methods", "unavailable_reason",
+    "BASELINES", "DEFAULT_METHODS", "EXACT_BASELINE", "EXACT_PREFIX", "FAMILIES", "PEER_BASELINES", "Method",
+    "MethodOptions", "expand_method", "parse_k_list", "resolve_methods", "unavailable_reason",
 ]

@@ -9,7 +9,13 @@ Definitions (the same in the JSON, the markdown and the docs):
   llamacpp_plain when it ran, else plain; its minimum over tasks is the worst category.
 - speedup: a method's tokens/s over plain decoding's (our engine, no drafter) in the same scope;
   transformers' methods are also given over transformers' own plain generate, and every method over
-  llama.cpp's llama-server plain decoding (llamacpp_plain) when it ran.
+  llama.cpp's llama-server plain decoding (llamacpp_plain) when it ran; the exact_ methods (our methods on
+  llama.cpp's exact kernels, --exact) also over exact_plain.
+- exact vs default: each exact_<m>'s tokens/s over <m>'s (same method, default fast kernels), per task and
+  overall: the price of bit-identical greedy output.
+- greedy differences: our default-kernel methods against plain are near-tie flips of llama.cpp's fast
+  kernels (information); the exact_ methods against exact_plain, or any of ours on exact kernels (torch,
+  or --exact), must never differ (a warning: a bug).
 - acceptance rate: accepted draft tokens / drafted tokens.
 - mean acceptance length: 1 + accepted / drafts, i.e. tokens per target pass *including the bonus token*.
 - c: mean draft-model forward (1-2 new tokens) / mean target single-token forward, timed on the nn.Modules;
@@ -25,7 +31,7 @@ import math
 from pathlib import Path
 
 from ..metrics import SpecStats, leviathan_speedup
-from .methods import BASELINES, PEER_BASELINES
+from .methods import BASELINES, EXACT_BASELINE, EXACT_PREFIX, PEER_BASELINES
 from .runner import stats_from_raw
 
 
@@ -104,8 +110,11 @@ def _method_summary(method: dict, runs: list[dict], scope_runs: list[dict]) -> d
         round(stats.num_generated_tokens / stats.num_target_forwards, 4) if stats.num_target_forwards else None
     )
 
-    # Cost ratio c against the single-token target forward of the matching plain baseline.
-    baseline = PEER_BASELINES.get(method["kind"], "plain")
+    # Cost ratio c against the single-token target forward of the matching plain baseline (exact_plain for
+    # the exact_ methods: their target runs other kernels).
+    exact = bool(method.get("exact"))
+    own_plain = EXACT_BASELINE if exact else "plain"
+    baseline = EXACT_BASELINE if exact else PEER_BASELINES.get(method["kind"], "plain")
     t_single = _single_forward_seconds(scope_runs, baseline) or _single_forward_seconds(scope_runs, "plain")
     out["target_single_forward_ms"] = _round(t_single * 1000 if t_single else None, 3)
     draft_calls = sum(r["draft_forwards"]["short_calls"] for r in runs)
@@ -119,7 +128,7 @@ def _method_summary(method: dict, runs: list[dict], scope_runs: list[dict]) -> d
     # The backends' counters (what `specdec generate` prints): draft forward incl. its prefill / plain step.
     counted_calls = sum(r["backend_counters"]["draft"]["calls"] for r in runs)
     counted_secs = sum(r["backend_counters"]["draft"]["seconds"] for r in runs)
-    plain_runs = [r for r in scope_runs if r["method"] == "plain"]
+    plain_runs = [r for r in scope_runs if r["method"] == own_plain]
     plain_stats = _merged_stats(plain_runs)
     t_plain_step = plain_stats.target_seconds / plain_stats.num_target_forwards if plain_stats.num_target_forwards else None
     out["cost_ratio_counters"] = _round(
@@ -179,6 +188,8 @@ def _scope_summary(methods: list[dict], runs: list[dict]) -> dict:
             # decoding, what a llama.cpp user would otherwise run.
             if baseline == "hf_plain" and not name.startswith("hf_"):
                 continue
+            if baseline == EXACT_BASELINE and not name.startswith(EXACT_PREFIX):
+                continue  # the exact_ methods are also given over exact_plain, the others are not
             row[key] = round(row["tokens_per_second"] / base, 4) if base else None
         # Per-prompt speedups vary; their geometric mean is the Spec-Bench-style robust figure.
         ratios = []
@@ -218,6 +229,76 @@ def relative_per_task(overall: dict, per_task: dict, tasks: list[str]) -> dict:
     }
 
 
+def exact_vs_default(overall: dict, per_task: dict, tasks: list[str]) -> dict:
+    """Each exact_<m> beside <m> (same method, default kernels): both tok/s and exact/default, per task and
+    overall, and how many of its prompts were greedy-identical to exact_plain. {} without exact_ methods."""
+    def pair(fast: dict | None, exact: dict | None) -> dict:
+        fast_rate = (fast or {}).get("tokens_per_second")
+        exact_rate = (exact or {}).get("tokens_per_second")
+        return {"default_tokens_per_second": fast_rate, "exact_tokens_per_second": exact_rate,
+                "ratio": round(exact_rate / fast_rate, 4) if fast_rate and exact_rate is not None else None}
+
+    out = {}
+    for name, row in overall.items():
+        if not name.startswith(EXACT_PREFIX):
+            continue
+        default = name[len(EXACT_PREFIX):]
+        entry = {"default": default if default in overall else None, "overall": pair(overall.get(default), row)}
+        for key in ("decode_tokens_per_second", "prefill_tokens_per_second"):
+            fast_value, exact_value = (overall.get(default) or {}).get(key), row.get(key)
+            entry["overall"][f"default_{key}"] = fast_value
+            entry["overall"][f"exact_{key}"] = exact_value
+        entry["per_task"] = {task: pair(per_task[task].get(default), per_task[task].get(name)) for task in tasks}
+        entry["identical_to_exact_plain"] = row.get(f"num_identical_to_{EXACT_BASELINE}")
+        out[name] = entry
+    return out
+
+
+def fast_kernels_ran(results: dict) -> bool:
+    """Whether our methods ran on llama.cpp's default fast kernels (the recorded target is not exact)."""
+    target = (results.get("environment") or {}).get("target") or {}
+    return target.get("backend") == "llama.cpp" and target.get("batch_invariant") is False
+
+
+def greedy_differences(results: dict) -> dict:
+    """Where greedy outputs part from their baseline, sorted by what it means.
+
+    near_tie_flips: our default-kernel methods against plain on llama.cpp's fast kernels (allowed: a
+    verification pass rounds differently from one-row passes; information). exact_mismatches: exact_
+    methods against exact_plain (a bug). unexpected: any other of ours against plain (exact kernels: a
+    bug, as is transformers' generate parting from plain or hf_plain). peers: llama.cpp's llama-server
+    against plain or llamacpp_plain (its own batch-dependent kernels, not our engine).
+    Each entry: {method: {"baseline", "prompts" differing, "of" prompts compared, "first_positions"}}.
+    """
+    kinds = {m["name"]: m.get("kind", "specdec") for m in results["config"]["methods"]}
+    fast = fast_kernels_ran(results)
+    out: dict[str, dict] = {"near_tie_flips": {}, "exact_mismatches": {}, "unexpected": {}, "peers": {}}
+    for run in results["runs"]:
+        name = run["method"]
+        for baseline in BASELINES:
+            flag = run.get(f"identical_to_{baseline}")
+            if flag is None:
+                continue
+            if kinds.get(name) == "llamacpp":
+                group = "peers"
+            elif name.startswith(EXACT_PREFIX):
+                group = "exact_mismatches"
+            elif kinds.get(name) == "specdec" and fast:
+                group = "near_tie_flips"
+            else:
+                group = "unexpected"  # ours (or transformers' on the same modules) on exact kernels
+            entry = out[group].setdefault(f"{name} vs {baseline}", {
+                "method": name, "baseline": baseline, "prompts": 0, "of": 0, "first_positions": []})
+            entry["of"] += 1
+            if flag is False:
+                entry["prompts"] += 1
+                index = run.get(f"first_mismatch_to_{baseline}")
+                if index is not None:
+                    entry["first_positions"].append(index)
+    return {group: {key: entry for key, entry in entries.items() if entry["prompts"]}
+            for group, entries in out.items()}
+
+
 def summarise(results: dict) -> dict:
     methods = results["config"]["methods"]
     runs = results["runs"]
@@ -229,6 +310,8 @@ def summarise(results: dict) -> dict:
         "per_task": per_task,
         "tasks": tasks,
         "relative_per_task": relative_per_task(overall, per_task, tasks),
+        "exact_vs_default": exact_vs_default(overall, per_task, tasks),
+        "greedy_differences": greedy_differences(results),
         "definitions": {
             "tokens_per_second": "generated tokens / wall time of the generate calls (prefill included)",
             "prefill_tokens_per_second": "prompt tokens through the prefill / prefill seconds (our engine: "
@@ -241,6 +324,11 @@ def summarise(results: dict) -> dict:
             "speedup": "tokens/s over plain decoding (our engine, no drafter) on the same weights, same run",
             "speedup_vs_hf_plain": "tokens/s over transformers' own plain generate (hf_plain)",
             "speedup_vs_llamacpp_plain": "tokens/s over llama.cpp's llama-server plain decoding of the same GGUF",
+            "speedup_vs_exact_plain": "exact_ methods: tokens/s over plain decoding on the exact kernels (exact_plain)",
+            "exact_vs_default": "exact_<m>'s tokens/s over <m>'s (same method on the default fast kernels)",
+            "greedy_differences": "near_tie_flips: ours on llama.cpp's fast kernels vs plain (allowed, information); "
+                                  "exact_mismatches: exact_ methods vs exact_plain (a bug); unexpected: ours on "
+                                  "exact kernels vs plain (a bug); peers: llama-server's methods",
             "speedup_geomean": "geometric mean over prompts of per-prompt speedup over plain",
             "mean_acceptance_length": "1 + accepted/drafts: tokens per target pass INCLUDING the bonus token",
             "acceptance_rate": "accepted draft tokens / drafted tokens",
@@ -264,10 +352,14 @@ def format_cell(value, spec=".2f", suffix="") -> str:
     return f"{value:{spec}}{suffix}"
 
 
-def _identical_cell(row: dict) -> str:
+def _identical_cell(row: dict, near_ties: bool = False) -> str:
+    """yes/**NO** (identical/compared) per baseline; near_ties: a difference from plain is a near-tie flip of the
+    fast kernels, shown as such rather than as **NO**."""
     cells = []
     if row.get("identical_to_plain") is not None:
-        cells.append(f"{format_cell(row['identical_to_plain'])} ({row['num_identical_to_plain']})")
+        flag = "no: near-tie flips" if near_ties and row["identical_to_plain"] is False \
+            else format_cell(row["identical_to_plain"])
+        cells.append(f"{flag} ({row['num_identical_to_plain']})")
     for baseline in BASELINES[1:]:
         if row.get(f"identical_to_{baseline}") is not None:
             cells.append(f"vs {baseline} {format_cell(row[f'identical_to_{baseline}'])} "
@@ -280,8 +372,23 @@ def _peer_columns(summary: dict) -> list[str]:
     return [b for b in BASELINES[1:] if b in summary["overall"]]
 
 
+def _differences(results_or_summary: dict) -> dict:
+    """The summary's greedy_differences (computed here for results written before it existed)."""
+    summary = results_or_summary.get("summary", results_or_summary)
+    if "greedy_differences" in summary:
+        return summary["greedy_differences"]
+    if "runs" in results_or_summary:
+        return greedy_differences(results_or_summary)
+    return {}
+
+
+def _flipping_methods(summary: dict) -> set[str]:
+    return {entry["method"] for entry in _differences(summary).get("near_tie_flips", {}).values()}
+
+
 def method_table(summary: dict) -> str:
     peers = _peer_columns(summary)
+    flipping = _flipping_methods(summary)
     lines = [
         ("| method | tok/s | prefill tok/s | decode tok/s | speedup vs plain | "
          + "".join(f"vs {b} | " for b in peers)
@@ -299,7 +406,7 @@ def method_table(summary: dict) -> str:
             f"| {format_cell(row['mean_acceptance_length'], '.2f')} | {format_cell(row['mean_k'], '.1f')} "
             f"| {format_cell(row['cost_ratio'], '.3f')} | {format_cell(row.get('verify_cost'), '.2f')} "
             f"| {format_cell(row['leviathan_bound'], '.2f', 'x')} | {format_cell(row.get('cost_model_bound'), '.2f', 'x')} "
-            f"| {_identical_cell({**row, 'is_baseline': name == 'plain'})} |"
+            f"| {_identical_cell({**row, 'is_baseline': name in ('plain', EXACT_BASELINE)}, name in flipping)} |"
         )
     return "\n".join(lines)
 
@@ -338,6 +445,33 @@ def category_table(summary: dict) -> str:
                  + " | ".join(format_cell(relative["overall"][name], ".2f", "x") for name in methods) + " |")
     lines.append("| **min over tasks** | | "
                  + " | ".join(_worst_cell(relative["min"][name]) for name in methods) + " |")
+    return "\n".join(lines)
+
+
+def exact_table(summary: dict) -> str:
+    """Rows = tasks, then overall; for each exact_<m>: <m>'s tok/s (default kernels), exact_<m>'s, and exact over
+    default. The last row: how many prompts each exact method reproduced exact_plain on. "" without exact_."""
+    pairs = summary.get("exact_vs_default") or {}
+    if not pairs:
+        return ""
+    header, rule = "| task |", "|---|"
+    for name, entry in pairs.items():
+        header += f" {entry['default'] or name[len(EXACT_PREFIX):]} | {name} | exact/default |"
+        rule += "---:|---:|---:|"
+    lines = [header, rule]
+
+    def cells(pair: dict) -> str:
+        return (f" {format_cell(pair['default_tokens_per_second'])} | {format_cell(pair['exact_tokens_per_second'])} "
+                f"| {format_cell(pair['ratio'], '.2f', 'x')} |")
+
+    for task in summary["tasks"]:
+        lines.append(f"| {task} |" + "".join(cells(entry["per_task"][task]) for entry in pairs.values()))
+    lines.append("| **overall** |" + "".join(cells(entry["overall"]) for entry in pairs.values()))
+    identity = []
+    for name, entry in pairs.items():
+        same = "baseline" if name == EXACT_BASELINE else (entry.get("identical_to_exact_plain") or "–")
+        identity.append(f" | {same} | |")
+    lines.append("| **greedy identical to exact_plain** |" + "".join(identity))
     return "\n".join(lines)
 
 
@@ -385,34 +519,87 @@ def position_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+_DIFFERENCE_KINDS = {  # greedy_differences group -> (the mismatch table's label, order: bugs first)
+    "exact_mismatches": ("**bug**: exact mode", 0),
+    "unexpected": ("**bug**: exact kernels", 1),
+    "near_tie_flips": ("near-tie flip (fast kernels)", 2),
+    "peers": ("llama.cpp's kernels", 3),
+}
+
+
 def mismatch_lines(results: dict, limit: int = 30) -> list[str]:
-    """Where greedy outputs diverge: prompt, method, token index, and the two tokens (a near-tie shows here)."""
-    lines = ["| prompt | method | vs | first differing token | method's token | baseline's token |",
-             "|---|---|---|---:|---|---|"]
-    count = 0
+    """Where greedy outputs diverge: prompt, method, token index, the two tokens (a near-tie shows here) and
+    what the difference means; bugs first, so a long list of near-tie flips cannot hide one."""
+    groups = {key: group for group, entries in _differences(results).items() for key in entries}
+    lines = ["| prompt | method | vs | first differing token | method's token | baseline's token | kind |",
+             "|---|---|---|---:|---|---|---|"]
+    rows = []
     for run in results["runs"]:
         for baseline in BASELINES:
             detail = run.get(f"mismatch_to_{baseline}")
             if not detail:
                 continue
-            count += 1
-            if count <= limit:
-                lines.append(
-                    f"| {run['task']}/{run['prompt_id']} | {run['method']} | {baseline} | {detail['index']} "
-                    f"| `{detail['method_text']!r}` ({detail['method_token']}) "
-                    f"| `{detail['baseline_text']!r}` ({detail['baseline_token']}) |"
-                )
-    if count > limit:
-        lines.append(f"| … | {count - limit} more in results.json | | | | |")
+            label, order = _DIFFERENCE_KINDS.get(groups.get(f"{run['method']} vs {baseline}"), ("", 4))
+            rows.append((order, (
+                f"| {run['task']}/{run['prompt_id']} | {run['method']} | {baseline} | {detail['index']} "
+                f"| `{detail['method_text']!r}` ({detail['method_token']}) "
+                f"| `{detail['baseline_text']!r}` ({detail['baseline_token']}) | {label} |"
+            )))
+    rows.sort(key=lambda row: row[0])  # stable: run order within a kind
+    lines += [line for _, line in rows[:limit]]
+    if len(rows) > limit:
+        lines.append(f"| … | {len(rows) - limit} more in results.json | | | | | |")
+    return lines
+
+
+def _difference_list(entries: dict) -> str:
+    """"adaptive 2/45 prompts (first differing tokens at 37, 101)", one per method and baseline."""
+    parts = []
+    for entry in entries.values():
+        positions = ", ".join(map(str, entry["first_positions"][:8])) + (
+            ", …" if len(entry["first_positions"]) > 8 else "")
+        vs = "" if entry["baseline"] == "plain" else f" vs {entry['baseline']}"
+        parts.append(f"`{entry['method']}`{vs} {entry['prompts']}/{entry['of']} prompts "
+                     f"(first differing token at {positions or '?'})")
+    return "; ".join(parts)
+
+
+def difference_lines(results: dict) -> list[str]:
+    """The report's paragraphs on greedy differences: warnings for what must be identical, information for the
+    fast kernels' near-tie flips and for llama.cpp's peers."""
+    differences = _differences(results)
+    lines: list[str] = []
+    if differences.get("exact_mismatches"):
+        lines += ["", (f"**Warning:** exact-mode greedy output differs from `{EXACT_BASELINE}` for: "
+                       f"{_difference_list(differences['exact_mismatches'])}. `--exact` promises output "
+                       "bit-identical to plain decoding with the exact kernels: this is a bug."), ""]
+    if differences.get("unexpected"):
+        lines += ["", ("**Warning:** greedy output differs from the baseline for: "
+                       f"{_difference_list(differences['unexpected'])}. These ran on exact kernels, where "
+                       "greedy speculative decoding must reproduce plain decoding: this is a bug."), ""]
+    if differences.get("near_tie_flips"):
+        lines += ["", ("Near-tie flips of the fast kernels (information, not a bug): greedy output differs from "
+                       f"`plain` for {_difference_list(differences['near_tie_flips'])}. On llama.cpp's default "
+                       "fast kernels a verification pass of several rows rounds differently from the one-row "
+                       "passes of plain decoding, so where two tokens nearly tie the argmax can flip and the "
+                       "outputs part from there; the output still follows the target's distribution. "
+                       "`--exact` (the exact_ methods here) is the bit-identical mode."), ""]
+    if differences.get("peers"):
+        names = ", ".join(dict.fromkeys(e["method"] for e in differences["peers"].values()))
+        lines += ["", (f"llama.cpp's greedy output differs from a baseline for: {names} "
+                       "(llama.cpp's batch-dependent kernels, not specdec's engine)."), ""]
+    if any(differences.values()):
+        lines += mismatch_lines(results)
     return lines
 
 
 def _runtime(env: dict) -> str:
     target = env.get("target") or {}
     if target.get("backend") == "llama.cpp":
-        invariant = "batch-invariant" if target.get("batch_invariant") else "NOT batch-invariant"
+        invariant = "exact (batch-invariant)" if target.get("batch_invariant") else "default fast (batch-dependent)"
+        exact = " and, for the exact_ methods, the same target on exact kernels" if env.get("exact_target") else ""
         return (f"llama.cpp (llama-cpp-python {target.get('llama_cpp_python')}, {target.get('threads')} threads, "
-                f"{invariant} target)")
+                f"{invariant} kernels{exact})")
     return f"torch {env['torch']}, transformers {env['transformers']}, {env['torch_threads']} torch threads"
 
 
@@ -448,6 +635,17 @@ def to_markdown(results: dict, title: str = "specdec bench") -> str:
         "",
         category_table(summary),
         "",
+        *([
+            "## --exact beside the default kernels",
+            "",
+            ("Each exact_ method (our method on a second target loaded with llama.cpp's exact, batch-invariant "
+             "kernels: what `--exact` runs) beside the same method on the default fast kernels, tok/s per task "
+             "and overall; exact/default below 1 is the exact mode's cost. The last row: prompts on which its "
+             f"greedy output equals `{EXACT_BASELINE}`'s (must be all)."),
+            "",
+            exact_table(summary),
+            "",
+        ] if summary.get("exact_vs_default") else []),
         "## Speedup per task (Spec-Bench style)",
         "",
         task_table(summary),
@@ -478,7 +676,7 @@ def to_markdown(results: dict, title: str = "specdec bench") -> str:
         "costs one plain step. Verify cost v = the method's mean target pass in plain steps, and the bound at "
         "that cost = (1 - a^(k+1)) / ((1 - a)(k c + v)). Greedy identical = token-for-token "
         "equal to `plain` on every prompt (transformers' methods also against `hf_plain`, llama.cpp's "
-        "against `llamacpp_plain`)."),
+        "against `llamacpp_plain`; the exact_ methods against `exact_plain` only)."),
     ]
     if "llamacpp_plain" in summary["overall"]:
         lines += ["", ("llama.cpp's peers (`llamacpp_*`): tokens/s from the wall time of each `/completion` "
@@ -486,17 +684,7 @@ def to_markdown(results: dict, title: str = "specdec bench") -> str:
                        "count, so no mean length). Their speculative greedy output is not guaranteed to "
                        "equal llama.cpp's plain output: its batched and single-token kernels round "
                        "differently and flip near-ties; the identity column shows where.")]
-    mismatched = [n for n, r in summary["overall"].items()
-                  if any(r.get(f"identical_to_{b}") is False for b in BASELINES)]
-    ours = [n for n in mismatched if not n.startswith("llamacpp_")]
-    peers = [n for n in mismatched if n.startswith("llamacpp_")]
-    if ours:
-        lines += ["", f"**Warning:** greedy output differs from the baseline for: {', '.join(ours)}.", ""]
-    if peers:
-        lines += ["", (f"llama.cpp's greedy output differs from a baseline for: {', '.join(peers)} "
-                       "(llama.cpp's batch-dependent kernels, not specdec's engine)."), ""]
-    if mismatched:
-        lines += mismatch_lines(results)
+    lines += difference_lines(results)
     if results.get("skipped_methods"):
         lines += ["", "Skipped methods: " + "; ".join(f"{k} ({v})" for k, v in results["skipped_methods"].items())]
     if results.get("skipped_prompts"):
@@ -537,6 +725,30 @@ def threads_table(by_threads: dict) -> str:
     return "\n".join(lines)
 
 
+def exact_threads_table(by_threads: dict) -> str:
+    """Rows = exact_ methods; per thread count the default method's tok/s, the exact one's and their ratio
+    (overall), and its greedy identity to exact_plain. "" when no count ran an exact_ method."""
+    pairs = {n: r["summary"].get("exact_vs_default") or {} for n, r in by_threads.items()}
+    names = list(dict.fromkeys(name for entries in pairs.values() for name in entries))
+    if not names:
+        return ""
+    counts = list(by_threads)
+    lines = ["| method | " + " | ".join(
+        f"{n} thr: default tok/s | {n} thr: exact tok/s | {n} thr: exact/default | {n} thr: identical to "
+        f"{EXACT_BASELINE}" for n in counts) + " |", "|---|" + "---:|---:|---:|---:|" * len(counts)]
+    for name in names:
+        cells = []
+        for n in counts:
+            entry = pairs[n].get(name)
+            overall = entry["overall"] if entry else {}
+            same = "baseline" if name == EXACT_BASELINE else ((entry or {}).get("identical_to_exact_plain") or "–")
+            cells += [format_cell(overall.get("default_tokens_per_second")),
+                      format_cell(overall.get("exact_tokens_per_second")),
+                      format_cell(overall.get("ratio"), ".2f", "x"), same]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def to_markdown_by_threads(by_threads: dict) -> str:
     """One report for a run per thread count: the overview across counts, then each count's full report."""
     counts = ", ".join(str(n) for n in by_threads)
@@ -551,6 +763,11 @@ def to_markdown_by_threads(by_threads: dict) -> str:
         threads_table(by_threads),
         "",
     ]
+    exact = exact_threads_table(by_threads)
+    if exact:
+        lines += ["## --exact beside the default kernels, per thread count", "",
+                  "Each exact_ method's tok/s beside the same method on the default kernels, over all prompts.",
+                  "", exact, ""]
     for n, results in by_threads.items():
         part = to_markdown(results, title=f"{n} thread{'s' if n != 1 else ''}")
         lines += [("#" + line if line.startswith("#") else line) for line in part.splitlines()] + [""]
@@ -579,6 +796,7 @@ def write_results_by_threads(by_threads: dict, out_dir: str | Path, plot: bool =
 
 
 __all__ = [
-    "category_table", "method_table", "position_table", "relative_per_task", "summarise", "task_table",
+    "category_table", "difference_lines", "exact_table", "exact_threads_table", "exact_vs_default",
+    "greedy_differences", "method_table", "position_table", "relative_per_task", "summarise", "task_table",
     "threads_table", "to_markdown", "to_markdown_by_threads", "write_results", "write_results_by_threads",
 ]

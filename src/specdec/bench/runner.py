@@ -8,6 +8,9 @@ Forward time is measured on the nn.Modules themselves (forward pre/post hooks on
 draft model), so ours and transformers' generate are timed the same way: the target's single-token
 forwards give the cost of one plain step, the draft's 1-2 token forwards the cost of one draft step, and
 their ratio is the cost ratio c of the Leviathan model. The backends' own counters are recorded as well.
+
+The exact_ methods run on a second llama.cpp target with the exact kernels (bench/exact.py), loaded when
+the runner is made and freed by close(); each of them is compared with exact_plain, the others with plain.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from ..config import SamplingParams
 from ..metrics import SpecStats
 from .datasets import BenchPrompt
-from .methods import BASELINES, Method
+from .methods import BASELINES, EXACT_BASELINE, EXACT_PREFIX, Method
 
 # Draft forwards of at most this many tokens are decode steps (the catch-up of 1-2 tokens, then 1 each);
 # longer ones are the draft's prompt prefill and are left out of the cost ratio.
@@ -145,22 +148,48 @@ class BenchRunner:
         self.draft_probe = make_probe(decoder.draft)
         tokenizer = decoder.tokenizer
         self.pad_token_id = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        # Our fast-mode methods may part from plain at near-ties only on llama.cpp's default fast kernels.
+        self.fast_kernels = fast_kernels(decoder.target)
+        self.exact = None  # the exact_ methods' SpecDecoder (a second target, exact kernels; shared draft)
+        self.exact_probe = None
         self.peers = None
-        if any(m.kind == "llamacpp" for m in config.methods):
-            self.peers = llamacpp_peers(decoder, config.llamacpp_bin, config.llamacpp_gguf, config.threads)
+        try:
+            if any(m.exact for m in config.methods):
+                from .exact import load_exact_decoder
+
+                began = time.perf_counter()
+                self.exact = load_exact_decoder(decoder)
+                self.exact_probe = make_probe(self.exact.target)
+                self.log(f"loaded the exact-kernel target for the exact_ methods in "
+                         f"{time.perf_counter() - began:.1f}s ({self.exact.target.runtime_summary()})")
+            if any(m.kind == "llamacpp" for m in config.methods):
+                self.peers = llamacpp_peers(decoder, config.llamacpp_bin, config.llamacpp_gguf, config.threads)
+        except BaseException:
+            self.close()  # the probes and the exact target
+            raise
 
     def close(self) -> None:
-        for probe in (self.target_probe, self.draft_probe):
+        for probe in (self.target_probe, self.draft_probe, self.exact_probe):
             if probe is not None:
                 probe.close()
+        self.exact_probe = None
+        if self.exact is not None:
+            from .exact import close_exact_decoder
+
+            close_exact_decoder(self.exact)
+            self.exact = None
         if self.peers is not None:
             self.peers.close()
+
+    def decoder_for(self, method: Method):
+        """The SpecDecoder a method of ours runs on: the exact-kernel one for exact_ methods."""
+        return self.exact if method.exact else self.decoder
 
     # -- one call -----------------------------------------------------------------------------------------
 
     def run_method(self, method: Method, prompt_ids: Sequence[int], params: SamplingParams) -> _Outcome:
         if method.kind == "specdec":
-            engine = self.decoder.engine(method.spec)
+            engine = self.decoder_for(method).engine(method.spec)
             began = time.perf_counter()
             generation = engine.generate(prompt_ids, params)
             seconds = time.perf_counter() - began
@@ -182,14 +211,15 @@ class BenchRunner:
 
     def measure(self, method: Method, prompt_ids: Sequence[int], params: SamplingParams) -> tuple[dict, list[int]]:
         """Run once with the forward probes and backend counters reset around the call; return a run record."""
-        for probe in (self.target_probe, self.draft_probe):
+        for probe in (self.target_probe, self.draft_probe, self.exact_probe):
             if probe is not None:
                 probe.take()
-        target, draft = self.decoder.target, self.decoder.draft
+        target_probe = self.exact_probe if method.exact else self.target_probe
+        target, draft = self.decoder_for(method).target, self.decoder.draft
         counters0 = _counters(target), _counters(draft)
         outcome = self.run_method(method, prompt_ids, params)
         counters1 = _counters(target), _counters(draft)
-        target_fwd = _summarise_forwards(self.target_probe.take() if self.target_probe else [], 1)
+        target_fwd = _summarise_forwards(target_probe.take() if target_probe else [], 1)
         draft_fwd = _summarise_forwards(
             self.draft_probe.take() if self.draft_probe else [], DRAFT_DECODE_MAX_TOKENS
         )
@@ -300,7 +330,10 @@ class BenchRunner:
                         "plain_text": _decode(self.decoder, tokens_by_method["plain"]),
                         "plain_tokens": tokens_by_method["plain"],
                     }
-                self.log(_progress_line(turn + 1, total, prompt, batch))
+                self.log(_progress_line(turn + 1, total, prompt, batch, self.fast_kernels))
+        env = environment(self.decoder, config.extra.get("weight_format"))
+        if self.exact is not None:
+            env["exact_target"] = self.exact.target.describe()
         return {
             "config": {
                 "methods": [m.to_dict() for m in methods],
@@ -318,7 +351,7 @@ class BenchRunner:
                 "num_prompts": len(encoded),
                 **config.extra,
             },
-            "environment": environment(self.decoder, config.extra.get("weight_format")),
+            "environment": env,
             "skipped_prompts": skipped_prompts,
             "runs": runs,
             "outputs": outputs,
@@ -327,13 +360,18 @@ class BenchRunner:
 
 
 def _mark_identical(batch: list[dict], tokens: dict[str, list[int]], greedy: bool) -> None:
-    """Greedy decoding is lossless only if every method reproduces the baseline token for token."""
+    """Greedy decoding is lossless only if every method reproduces the baseline token for token.
+
+    Every method is held to `plain`, and a peer's or the exact mode's methods to their own plain decoding
+    too, except that the exact_ methods are held to `exact_plain` only (plain runs other kernels).
+    """
     for record in batch:
         name = record["method"]
         for baseline in BASELINES:
             key = f"identical_to_{baseline}"
             peer = baseline != "plain" and not name.startswith(baseline.removesuffix("plain"))
-            if name == baseline or baseline not in tokens or peer:
+            other_kernels = baseline == "plain" and name.startswith(EXACT_PREFIX)
+            if name == baseline or baseline not in tokens or peer or other_kernels:
                 continue
             if not greedy:
                 record[key] = None  # sampled outputs differ by design; losslessness is a distribution test
@@ -362,11 +400,24 @@ def _prefill_tokens(method: Method, prompt_ids: Sequence[int], outcome: _Outcome
     return max(len(prompt_ids) - 1 - cached, 0)
 
 
-def _progress_line(done: int, total: int, prompt: BenchPrompt, batch: list[dict]) -> str:
+def _progress_line(done: int, total: int, prompt: BenchPrompt, batch: list[dict], fast: bool = False) -> str:
+    """Rates of one prompt; a greedy difference is flagged, as a near-tie flip where the fast kernels allow one."""
     rates = "  ".join(f"{r['method']}={r['tokens_per_second']:.1f}" for r in batch)
-    bad = [r["method"] for r in batch if r.get("identical_to_plain") is False]
+    exact = [r["method"] for r in batch if r.get(f"identical_to_{EXACT_BASELINE}") is False]
+    differs = [r["method"] for r in batch if r.get("identical_to_plain") is False]
+    flips = [n for n in differs if fast and not n.startswith(("hf_", "llamacpp_"))]
+    bad = exact + [n for n in differs if n not in flips]
     flag = f"  NOT IDENTICAL: {', '.join(bad)}" if bad else ""
+    flag += f"  differs from plain (fast-kernel near-tie): {', '.join(flips)}" if flips else ""
     return f"[{done}/{total}] {prompt.task}/{prompt.id}  tok/s: {rates}{flag}"
+
+
+def fast_kernels(target) -> bool:
+    """Whether the target runs llama.cpp's default fast kernels (batch-dependent: greedy output of our
+    speculative methods may part from plain decoding at near-ties) rather than exact ones."""
+    if getattr(target, "model", None) is not None:
+        return False  # torch: one set of kernels
+    return getattr(target, "batch_invariant", None) is False
 
 
 def _raw_stats(stats: SpecStats) -> dict:
@@ -504,4 +555,6 @@ def run_bench(decoder, prompts: Sequence[BenchPrompt], config: BenchConfig, log=
     return results
 
 
-__all__ = ["BenchConfig", "BenchRunner", "ForwardProbe", "environment", "run_bench", "stats_from_raw"]
+__all__ = [
+    "BenchConfig", "BenchRunner", "ForwardProbe", "environment", "fast_kernels", "run_bench", "stats_from_raw",
+]
