@@ -62,7 +62,6 @@ IN_PROCESS_BAD_INPUTS = {  # through main() in this process (same code path, no 
     "bad_draft_p_min": (["generate", "{target}", "--draft-p-min", "1.5"], ["draft_p_min"]),
     "small_context": (["generate", "{target}", "--max-context", "4"], ["max_context"]),
     "missing_prompt_file": (["generate", "{target}", "--prompt-file", "{root}/nope.txt"], ["cannot read prompt file"]),
-    "no_drafter": (["generate", "{target}", "--max-tokens", "2"], ["no drafter", "--draft"]),
     "bad_vocab_draft": (["generate", "{target}", "--draft", "{root}/draft-other-vocab"], ["different vocabularies"]),
     "prompt_too_long": (
         ["generate", "{target}", "--draft", "{draft}", "--max-context", "16", "--max-tokens", "8", "--no-chat",
@@ -166,7 +165,7 @@ def test_generate_json_end_to_end(tiny_pair, tmp_path):
 def test_generate_human_report_and_stream_in_process(tiny_pair, capsys):
     target, draft, _ = tiny_pair
     code = main(["generate", target, "--draft", draft, "--max-tokens", "6", "--no-chat", "--prompt", "w9 w10",
-                 "--stream", "--ignore-eos", "--weight-format", "fp32"])
+                 "--stream", "--ignore-eos", "--weight-format", "fp32", "--k-policy", "fixed"])
     assert code == 0
     out = capsys.readouterr().out
     assert "acceptance rate" in out and "speedup" in out and "greedy identical     yes" in out
@@ -176,6 +175,20 @@ def test_generate_human_report_and_stream_in_process(tiny_pair, capsys):
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert "speedup" not in report and report["stats"]["num_generated_tokens"] <= 4
+
+
+def test_without_a_draft_model_the_default_drafter_is_prompt_lookup(tiny_pair, capsys):
+    target, _draft, _ = tiny_pair
+    code = main(["generate", target, "--max-tokens", "3", "--no-chat", "--prompt", "w9 w10", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["spec"]["drafter"] == "prompt_lookup"
+    # The default pair loads its draft model only where it can pay (CUDA) or when a drafter needs it.
+    from specdec.cli_common import model_ref_from_args
+
+    assert model_ref_from_args(build_parser().parse_args(["generate", "--device", "cpu"])).draft is None
+    for drafter in ("draft_model", "hybrid"):
+        ref = model_ref_from_args(build_parser().parse_args(["generate", "--device", "cpu", "--drafter", drafter]))
+        assert ref.draft == "default-draft"
 
 
 def test_explicit_drafter_none_decodes_plainly(tiny_pair, capsys):

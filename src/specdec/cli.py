@@ -111,8 +111,6 @@ def _run_generate(args: argparse.Namespace) -> int:
     decoder = SpecDecoder.load(ref)
     spec = spec_from_args(args, has_draft_model=decoder.draft is not None)
     plain_only = spec.drafter == "none"
-    if plain_only and args.drafter != "none":
-        raise UserError("no drafter: give --draft MODEL or --drafter NAME (--drafter none decodes plainly)")
     params = sampling_from_args(args)
     prompt_ids = decoder.encode(args.prompt, chat=args.chat)
     # --drafter none (e.g. a tuned config that found no draft worth it): plain decoding, nothing to compare.

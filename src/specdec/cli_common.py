@@ -108,7 +108,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft tokens per step (the maximum, for the adaptive policy); default 5, and 16 for the "
                         "adaptive policy on CUDA, where a pass of 17 rows costs about one of 1 row")
     parser.add_argument("--drafter", default=None,
-                        help="drafter name (default: draft_model when a draft model is given)")
+                        help="drafter: draft_model, prompt_lookup, hybrid (lookup first, draft model otherwise) or none "
+                        "(plain decoding). Default: draft_model when a draft model is given (--draft, or the default "
+                        "pair on CUDA), else prompt_lookup")
     parser.add_argument("--k-policy", choices=("fixed", "adaptive", "heuristic"), default="adaptive",
                         help="how k is chosen per step: adaptive (default: a cost model of measured acceptance and "
                         "timings, k from 0 up to -k; k = 0 when drafting does not pay on this machine), fixed, or "
@@ -135,7 +137,9 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
     target = "default-target" if args.model == "default" else args.model
     draft = getattr(args, "draft", None)
-    if draft is None and args.model == "default" and (getattr(args, "drafter", None) in (None, "draft_model", "hybrid")):
+    drafter = getattr(args, "drafter", None)
+    if draft is None and args.model == "default" and (drafter in ("draft_model", "hybrid")
+                                                       or (drafter is None and default_pair_drafts_with_model(args))):
         draft = "default-draft"
     elif draft == "default":
         draft = "default-draft"
@@ -171,8 +175,22 @@ def default_k(args: argparse.Namespace) -> int:
     return 5
 
 
+def default_pair_drafts_with_model(args: argparse.Namespace) -> bool:
+    """Whether the default pair's 0.5B draft model is loaded when no --drafter is given: on CUDA only.
+
+    On a CPU it cannot pay: it costs 0.4-0.6 of a 1.5B target step per token while each extra verified row
+    costs 0.6-0.9 of one (docs/llamacpp.md, measured on AVX2 and AVX-512 EPYCs), so the adaptive policy
+    would only ever spend time learning that; prompt lookup costs nothing when it finds no match.
+    """
+    from .models import uses_cuda
+
+    return uses_cuda(str(getattr(args, "device", "auto"))) and getattr(args, "backend", "auto") != "llama.cpp"
+
+
 def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfig:
-    drafter = args.drafter or ("draft_model" if has_draft_model else "none")
+    # No --drafter: the draft model when one is loaded, else prompt lookup (model-free; with the adaptive
+    # policy it drafts only where copying from the context pays at the measured costs).
+    drafter = args.drafter or ("draft_model" if has_draft_model else "prompt_lookup")
     lookup = {name: getattr(args, name) for name in ("lookup_min_ngram", "lookup_max_ngram")
               if getattr(args, name, None) is not None}  # no flags: only a --config file sets them
     return SpecConfig(

@@ -97,8 +97,6 @@ def run_serve(args: argparse.Namespace) -> int:
     # Everything cheap is checked before minutes are spent loading models.
     ref = model_ref_from_args(args)
     spec = spec_from_args(args, has_draft_model=ref.draft is not None)
-    if spec.drafter == "none" and args.drafter != "none":
-        raise UserError("no drafter: give --draft MODEL or --drafter NAME (or --drafter none to serve plainly)")
 
     def load():
         from ..pipeline import SpecDecoder
