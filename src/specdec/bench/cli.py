@@ -144,6 +144,11 @@ def validate_bench_args(args: argparse.Namespace) -> None:
 def bench_model_ref(args: argparse.Namespace, threads: int | None = None) -> ModelRef:
     """The model references of the command line with `threads` (args.threads may be a list here)."""
     ref = model_ref_from_args(argparse.Namespace(**{**vars(args), "threads": None}))
+    if ref.draft is None and args.model == "default" and getattr(args, "draft", None) is None:
+        # The default pair's draft model is loaded only when a method needs it (generate's rule would skip it).
+        methods, _ = resolve_methods(args.methods, method_options(args))
+        if any(m.needs_draft_model for m in methods):
+            ref = dataclasses.replace(ref, draft="default-draft")
     return dataclasses.replace(ref, threads=threads)
 
 
