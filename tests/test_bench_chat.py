@@ -323,3 +323,18 @@ def test_the_report_of_several_thread_counts_has_one_overview_row_per_method():
     assert "| adaptive | 1.06x | 0.95x (B) | 1.05x | 1.00x (B) |" in markdown
     assert markdown.count("\n## tok/s per task relative to plain") == 0  # demoted inside each count's part
     assert markdown.count("\n### tok/s per task relative to plain") == 2
+
+
+def test_the_default_pair_brings_its_draft_model_only_for_methods_that_need_one():
+    from specdec.bench.cli import bench_model_ref
+    from specdec.cli import build_parser
+
+    def draft_of(methods: str, *extra: str):
+        args = build_parser().parse_args(["bench", "--methods", methods, *extra])
+        return bench_model_ref(args, threads=2).draft
+
+    assert draft_of("plain,prompt_lookup_adaptive,llamacpp_plain") is None
+    assert draft_of("plain,adaptive") == "default-draft"
+    assert draft_of("plain,llamacpp_spec") == "default-draft"
+    assert draft_of("plain,hybrid_adaptive") == "default-draft"
+    assert draft_of("plain", "--draft", "other.gguf") == "other.gguf"  # the user's draft wins
