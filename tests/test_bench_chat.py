@@ -141,25 +141,6 @@ def test_thread_lists_parse_and_bad_values_are_config_errors():
             parse_thread_list(bad)
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--threads", "1,0"], "--threads must be a positive integer"),
-        (["--threads", "two"], "--threads must be a positive integer"),
-        (["--prompts", "/nonexistent/q.jsonl"], "cannot read prompts file"),
-        (["--load-format", "dummy", "--threads", "1,2"], "the GPU bench takes one --threads count"),
-    ],
-)
-def test_bench_flag_errors_are_one_line_before_any_model_loads(argv, message, capsys, monkeypatch):
-    def no_loading(*args, **kwargs):
-        raise AssertionError("models must not be loaded for a bad argument")
-
-    monkeypatch.setattr(SpecDecoder, "load", classmethod(no_loading))
-    assert main(["bench", *argv]) == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
-
-
 def test_a_thread_list_runs_the_whole_matrix_per_count_with_models_loaded_for_it(tmp_path, monkeypatch,
                                                                                   capsys):
     from test_bench import tiny_model, tiny_tokenizer

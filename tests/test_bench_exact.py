@@ -254,21 +254,6 @@ def test_each_thread_count_loads_its_own_exact_target_and_frees_it_before_the_ne
 
 # -- refusals -------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("argv, message", [
-    (["--backend", "torch", "--methods", "plain,exact_adaptive"], "need the llama.cpp backend"),
-    (["--exact", "--methods", "plain,exact_plain"], "--exact already puts every method on the exact kernels"),
-    (["--methods", "exact_hf_plain"], "no exact mode"),
-])
-def test_impossible_exact_requests_are_refused_before_any_model_loads(argv, message, capsys, monkeypatch):
-    def no_loading(*args, **kwargs):
-        raise AssertionError("models must not be loaded for a bad argument")
-
-    monkeypatch.setattr(SpecDecoder, "load", classmethod(no_loading))
-    assert main(["bench", *argv]) == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
-
-
 def test_exact_methods_on_the_torch_backend_are_a_config_error(tmp_path):
     from test_bench import tiny_model, tiny_tokenizer
 
