@@ -53,6 +53,13 @@ def test_a_library_that_loads_is_probed_once(isolated):
     assert len(calls) == 2
 
 
+def test_a_child_that_fails_without_a_signal_does_not_condemn_the_library(isolated):
+    child, calls, _ = isolated
+    child(1)  # e.g. specdec not importable in the child: the import in this process reports what is wrong
+    check_library_runs()
+    assert len(calls) == 1
+
+
 def test_the_amx_check_reports_a_dying_pass_and_caches_it(isolated):
     child, calls, tmp_path = isolated
     model = tmp_path / "m.gguf"
