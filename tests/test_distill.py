@@ -264,3 +264,22 @@ def test_cli_errors_are_one_line_before_any_model_loads(files, tmp_path, capsys,
     code = main(["distill", "no-such-target.gguf", "no-such-draft.gguf", "--out", str(tmp_path / "o"), *extra])
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+def test_a_saved_draft_gets_the_umask_mode_not_0600(tmp_path):
+    import os
+
+    from specdec.distill.train import save_draft
+
+    class Model:
+        def save_pretrained(self, out):
+            path = out / "model.safetensors"
+            path.write_bytes(b"x")
+            path.chmod(0o600)  # what safetensors' temporary file leaves
+
+    old = os.umask(0o022)
+    try:
+        out = save_draft(Model(), tmp_path / "draft")
+    finally:
+        os.umask(old)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644

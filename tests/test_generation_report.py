@@ -10,7 +10,7 @@ from specdec.report import first_divergence, format_generation_report
 def report(drafted: int, identical: bool = True) -> dict:
     stats = {"num_generated_tokens": 10, "num_draft_tokens": drafted, "acceptance_rate": 0.5 if drafted else 0.0,
              "mean_acceptance_length": 1.5, "acceptance_rate_per_pos": [0.5] if drafted else [],
-             "tokens_per_second": 10.9}
+             "tokens_per_second": 10.9, "num_target_forwards": 8}
     out = {"prompt_tokens": 5, "finish_reason": "length", "stats": stats,
            "spec": {"drafter": "draft_model", "k": 5, "k_policy": "adaptive"},
            "plain": {"tokens_per_second": 10.0}, "speedup": 1.09, "cost_ratio": 0.4, "leviathan_bound": 1.2,
@@ -24,6 +24,9 @@ def report(drafted: int, identical: bool = True) -> dict:
 def test_a_run_that_drafted_prints_its_speedup_and_bounds():
     text = format_generation_report(report(drafted=8))
     assert "speedup              1.09x" in text and "Leviathan bound" in text and "acceptance rate      0.500" in text
+    # Under adaptive k some passes verify no draft: tokens per pass (10 / 8) is not the accept length (1.5).
+    assert "mean accept. length  1.50  (tokens per pass that verified a draft" in text
+    assert "tokens per pass      1.25" in text
 
 
 def test_a_run_without_drafts_prints_no_speedup_acceptance_or_bound():
@@ -65,3 +68,4 @@ def test_first_divergence_finds_the_token_and_the_gap():
     assert where == {"token_index": 2, "plain_token": 11, "speculative_token": 12, "logit_gap": 0.25}
     # One output a prefix of the other (ended differently): the index, no gap.
     assert first_divergence(decoder, [1], [3, 4], [3, 4, 9])["token_index"] == 2
+

@@ -123,7 +123,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", "-n", dest="max_tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", "-n", dest="max_tokens", type=int, default=128,
+                        help="most tokens to generate per request (default 128; generation also ends at EOS or a stop "
+                        "string)")
     parser.add_argument("--temperature", "--temp", dest="temperature", type=float, default=0.0,
                         help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)

@@ -122,7 +122,10 @@ def format_generation_report(report: dict) -> str:
     if drafted:
         lines += [
             f"acceptance rate      {stats['acceptance_rate']:.3f}  (accepted / drafted tokens)",
-            f"mean accept. length  {stats['mean_acceptance_length']:.2f}  (tokens per target pass, incl. bonus)",
+            f"mean accept. length  {stats['mean_acceptance_length']:.2f}  (tokens per pass that verified a draft, "
+            "incl. bonus)",
+            f"tokens per pass      {stats['num_generated_tokens'] / max(stats.get('num_target_forwards', 0), 1):.2f}"
+            "  (every target pass, plain steps included)",
             f"per-position accept  {', '.join(f'{x:.2f}' for x in stats['acceptance_rate_per_pos'])}",
         ]
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import random
 import time
 from collections.abc import Sequence
@@ -256,7 +257,17 @@ def save_draft(model, out_dir: str | Path, tokenizer=None) -> Path:
     model.save_pretrained(out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+    _readable_like_any_new_file(out)
     return out
+
+
+def _readable_like_any_new_file(directory: Path) -> None:
+    """Give the saved files the mode the user's umask gives any new file (safetensors writes 0600 temp files)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in directory.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 __all__ = [
