@@ -69,3 +69,4 @@ def test_first_divergence_finds_the_token_and_the_gap():
     # One output a prefix of the other (ended differently): the index, no gap.
     assert first_divergence(decoder, [1], [3, 4], [3, 4, 9])["token_index"] == 2
 
+

@@ -8,7 +8,7 @@ from .pipeline import SpecDecoder
 __version__ = "0.1.0"
 
 
-def load(target: str = "default", draft: str | None = "default", weight_format: str = "fp32",
+def load(target: str = "default", draft: str | None = "auto", weight_format: str = "fp32",
          max_context: int = 4096, spec: SpecConfig | None = None,
          draft_weight_format: str | None = "int8", backend: str = "auto", threads: int | None = None,
          exact: bool = False) -> SpecDecoder:
@@ -18,7 +18,11 @@ def load(target: str = "default", draft: str | None = "default", weight_format: 
     "llama.cpp". Weight formats apply to the torch backend; llama.cpp runs GGUF weights as stored.
     exact: llama.cpp target with batch-invariant kernels (greedy output bit-identical to plain decoding);
     default False: llama.cpp's fastest kernels, lossless in distribution.
+    draft: "auto" (default) is the packaged 0.5B draft for the packaged target and none for any other
+    target (no silent pair); without a draft model the decoder drafts with prompt lookup.
     """
+    if draft == "auto":
+        draft = "default" if target == "default" else None
     ref = ModelRef(target, draft, weight_format, max_context, draft_weight_format=draft_weight_format,
                    backend=backend, threads=threads, batch_invariant=exact)
     return SpecDecoder.load(ref, spec)
