@@ -20,6 +20,7 @@ import torch
 from conftest import assert_cache_keeps
 from markov_backend import MarkovCache
 from specdec import kvcache
+from specdec.backends.base import forward_rows
 from specdec.backends.transformers_backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
@@ -67,10 +68,7 @@ class HashLM:
 
     def forward(self, tokens, cache: HashCache, num_logits: int = 1) -> torch.Tensor:
         tokens = [int(t) for t in tokens]
-        if not tokens:
-            raise ValueError("forward needs at least one token")
-        if cache.length + len(tokens) > cache.capacity:
-            raise ContextOverflowError("cache full")
+        num_logits = forward_rows(tokens, cache, num_logits, "hash-lm")
         self.calls.append(tokens)
         rows = []
         for token in tokens:
@@ -78,7 +76,7 @@ class HashLM:
             cache.tokens.append(token)
             cache.hashes.append(h)
             rows.append(self.table[token] + self.rows[h % len(self.rows)])
-        return torch.stack(rows[-max(1, min(num_logits, len(tokens))):])
+        return torch.stack(rows[-num_logits:])
 
 
 def hash_pair(max_context: int = 256):

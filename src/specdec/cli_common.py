@@ -167,14 +167,16 @@ def default_weight_format(device: str) -> str:
     return "bf16" if uses_cuda(device) else "fp32"
 
 
-def default_k(args: argparse.Namespace) -> int:
-    """5; 16 for the adaptive policy on CUDA (measured: 17-row passes cost ~1.1 one-row passes on an H200)."""
+def runs_on_cuda(args: argparse.Namespace) -> bool:
+    """Whether the models run on CUDA: --device means CUDA and --backend is not llama.cpp (a CPU runtime here)."""
     from .models import uses_cuda
 
-    if getattr(args, "k_policy", None) == "adaptive" and getattr(args, "backend", "auto") != "llama.cpp":
-        if uses_cuda(str(getattr(args, "device", "auto"))):
-            return 16
-    return 5
+    return uses_cuda(str(getattr(args, "device", "auto"))) and getattr(args, "backend", "auto") != "llama.cpp"
+
+
+def default_k(args: argparse.Namespace) -> int:
+    """5; 16 for the adaptive policy on CUDA (measured: 17-row passes cost ~1.1 one-row passes on an H200)."""
+    return 16 if getattr(args, "k_policy", None) == "adaptive" and runs_on_cuda(args) else 5
 
 
 def default_pair_drafts_with_model(args: argparse.Namespace) -> bool:
@@ -184,9 +186,7 @@ def default_pair_drafts_with_model(args: argparse.Namespace) -> bool:
     costs 0.6-0.9 of one (docs/llamacpp.md, measured on AVX2 and AVX-512 EPYCs), so the adaptive policy
     would only ever spend time learning that; prompt lookup costs nothing when it finds no match.
     """
-    from .models import uses_cuda
-
-    return uses_cuda(str(getattr(args, "device", "auto"))) and getattr(args, "backend", "auto") != "llama.cpp"
+    return runs_on_cuda(args)
 
 
 def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfig:

@@ -118,6 +118,7 @@ class RetainedPrefix:
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading items a and b share (the index where they first differ, or the shorter length)."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:

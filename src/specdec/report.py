@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from .config import SamplingParams, SpecConfig
+from .kvcache import common_prefix_length
 from .metrics import leviathan_speedup
 
 
@@ -70,7 +71,7 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
             report["identical_to_plain"] = plain.tokens == tokens
             if plain.tokens != tokens:
                 report["divergence"] = first_divergence(decoder, prompt_ids, plain.tokens, tokens)
-        report["runtime"] = _runtime(decoder)
+    report["runtime"] = _runtime(decoder)
     return report
 
 
@@ -85,8 +86,7 @@ def first_divergence(decoder, prompt_ids, plain_tokens: list[int], spec_tokens: 
     The logits are recomputed in one prefill of the prompt and the common prefix (a third kernel path),
     so the gap is the size of the near-tie, not the exact values either run saw.
     """
-    index = next((i for i, (a, b) in enumerate(zip(plain_tokens, spec_tokens)) if a != b),
-                 min(len(plain_tokens), len(spec_tokens)))
+    index = common_prefix_length(plain_tokens, spec_tokens)
     plain_token = plain_tokens[index] if index < len(plain_tokens) else None
     spec_token = spec_tokens[index] if index < len(spec_tokens) else None
     result = {"token_index": index, "plain_token": plain_token, "speculative_token": spec_token, "logit_gap": None}

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ..kvcache import ContextOverflowError
+from ..native_build import cmake_args, compiler_family, cpu_flags, library_mismatch, rebuild_command
 from .base import forward_rows
 
 # The tiled K-quant matmul engages at 8 rows (ggml-cpu/tiled/tiled.cpp: ggml_tiled_min_batch).
@@ -60,8 +61,7 @@ class LlamaCppUnavailable(ImportError):
 
 _INSTALL_HINT = (
     "build it for this CPU with the flags specdec needs: "
-    "CMAKE_ARGS=\"$(python3 -m specdec.native_build)\" pip install --force-reinstall --no-deps --no-cache-dir "
-    "'llama-cpp-python==0.3.36' (see docs/llamacpp.md)"
+    f"{rebuild_command(['$(python3 -m specdec.native_build)'])} (see docs/llamacpp.md)"
 )
 
 _lock = threading.Lock()
@@ -127,8 +127,6 @@ def _warn_if_library_lacks_isa(features: dict[str, bool]) -> None:
     if _isa_warned:
         return
     _isa_warned = True
-    from ..native_build import cmake_args, compiler_family, cpu_flags, library_mismatch
-
     flags = cpu_flags()
     if not flags:
         return
@@ -138,8 +136,7 @@ def _warn_if_library_lacks_isa(features: dict[str, bool]) -> None:
         warnings.warn(
             f"this llama.cpp library does not use {', '.join(missing)}, which this CPU has (a portable build, or one "
             f"made for another CPU), so it runs slower than it could. Rebuild it for this CPU: "
-            f"CMAKE_ARGS=\"{' '.join(cmake_args(flags, compiler))}\" pip install --force-reinstall --no-deps "
-            f"--no-cache-dir 'llama-cpp-python==0.3.36'", stacklevel=3)
+            f"{rebuild_command(cmake_args(flags, compiler))}", stacklevel=3)
 
 
 def default_threads() -> int:

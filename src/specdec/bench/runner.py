@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..config import SamplingParams
+from ..kvcache import common_prefix_length
 from ..metrics import SpecStats
 from .datasets import BenchPrompt
 from .methods import BASELINES, EXACT_BASELINE, EXACT_PREFIX, Method
@@ -379,9 +380,7 @@ def _mark_identical(batch: list[dict], tokens: dict[str, list[int]], greedy: boo
             mine, theirs = tokens[name], tokens[baseline]
             record[key] = mine == theirs
             if mine != theirs:
-                record[key.replace("identical", "first_mismatch")] = next(
-                    (i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs))
-                )
+                record[key.replace("identical", "first_mismatch")] = common_prefix_length(mine, theirs)
 
 
 def _prefill_tokens(method: Method, prompt_ids: Sequence[int], outcome: _Outcome) -> int | None:
