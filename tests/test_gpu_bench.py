@@ -52,3 +52,17 @@ def test_bad_gpu_flags_are_one_line_errors(capsys):
     assert main(["bench", "--load-format", "dummy", "--device", "cpu", "--gpu-methods", "plain,warp"]) == 2
     assert "--gpu-methods" in capsys.readouterr().err
     assert main(["bench", "--load-format", "dummy", "--device", "cpu", "--lookup-k-max", "99"]) == 2
+
+
+def test_compiled_layers_are_timed_against_eager_layers(tmp_path):
+    """--compile-layers on (the CUDA default, here on the CPU): the report holds both curves and the compile time."""
+    code = main(["bench", "--load-format", "dummy", "--device", "cpu", "--dummy-target", "tiny", "--dummy-draft", "none",
+                 "--num-prompts", "1", "--prompt-tokens", "20", "--max-tokens", "8", "--gpu-methods", "plain",
+                 "--compile-layers", "on", "--out", str(tmp_path)])
+    assert code == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["curves_eager_layers"]["target"]) == {"1", "2", "4", "8", "16"}
+    assert results["compile_seconds"]["target"] > 0
+    assert "compiled layers" in results["runtime"]["target"]
+    assert results["summary"]["headline"]["target_one_row_compiled_over_eager_layers"] > 0
+    assert "eager layer halves" in (tmp_path / "results.md").read_text()

@@ -69,6 +69,33 @@ def test_static_logits_equal_transformers_forward(arch):
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_compiled_layers_equal_transformers_forward(arch):
+    """The layer halves through torch.compile (the CUDA default), padded to buckets, against transformers' forward."""
+    eager, static = _pair(MAKERS[arch], pad_to_buckets=True, compile_layers=True)
+    _replay_against_eager(eager, static, STEPS)
+    assert static.decoder.compile_layers and static.decoder.compile_failure is None
+    assert "compiled layers" in static.runtime
+
+
+def test_a_failed_compile_falls_back_to_eager_layers(monkeypatch, capsys):
+    """Negative control: a compile that raises is reported, and the eager halves give the same logits."""
+    from specdec.backends import static_decoder
+
+    def broken(function):
+        def fails(*args, **kwargs):
+            raise RuntimeError("no C++ compiler here")
+        return fails
+
+    monkeypatch.setattr(static_decoder, "_compiled", broken)
+    eager, static = _pair(MAKERS["qwen2"], pad_to_buckets=True, compile_layers=True)
+    static.new_cache(64)
+    assert not static.decoder.compile_layers
+    assert "no C++ compiler here" in static.decoder.compile_failure and "compile failed" in static.runtime
+    assert "torch.compile of the layers failed" in capsys.readouterr().err
+    _replay_against_eager(eager, static, STEPS)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_padding_to_buckets_and_chunked_prefill_change_nothing(arch):
     """Padding rows sit after the real ones and are masked out; a 40-row input runs as 8-row chunks."""
     eager, static = _pair(MAKERS[arch], buckets=(1, 2, 4, 8), pad_to_buckets=True)
@@ -164,9 +191,9 @@ def test_dummy_model_follows_its_successor_rule():
 @pytest.mark.parametrize("arch", sorted(MAKERS))
 def test_cuda_graph_logits_equal_transformers_forward_fp32(arch):
     eager, static = _pair(MAKERS[arch], device="cuda")
-    assert static.decoder.use_graphs
+    assert static.decoder.use_graphs and static.decoder.compile_layers  # the CUDA defaults
     _replay_against_eager(eager, static, STEPS, atol=1e-3)
-    assert static.decoder.graph_failure is None
+    assert static.decoder.graph_failure is None and static.decoder.compile_failure is None
     # a new cache after the first one (and its graphs) was freed: captured into its own memory pool
     assert set(static.new_cache(64).graphs) == set(static.decoder.buckets)
     assert static.decoder.graph_failure is None
@@ -183,6 +210,7 @@ def test_cuda_graph_greedy_equals_transformers_eager_greedy_fp32():
     target = TransformersBackend(model, max_context=256)
     draft = TransformersBackend(tiny_qwen2(1, layers=1).cuda(), max_context=256)
     assert target.decoder is not None and target.decoder.use_graphs  # the CUDA default
+    assert target.decoder.compile_layers  # the CUDA default too
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     engines = [plain_engine(target)]
     for drafter in ("draft_model", "prompt_lookup"):
@@ -218,8 +246,9 @@ def test_cuda_sampled_engine_follows_the_target_distribution():
     with torch.no_grad():  # soften the tiny models so every continuation has real mass
         target_model.lm_head.weight.mul_(0.05)
         draft_model.lm_head.weight.mul_(0.05)
-    target = TransformersBackend(target_model, max_context=64)
-    draft = TransformersBackend(draft_model, max_context=64)
+    # Eager layer halves in the graphs: this test is about sampling, and a compile per model costs seconds.
+    target = TransformersBackend(target_model, max_context=64, compile_layers=False)
+    draft = TransformersBackend(draft_model, max_context=64, compile_layers=False)
     prompt = [1, 2, 4]
     with torch.no_grad():
         first = torch.softmax(target_model(torch.tensor([prompt], device="cuda")).logits[0, -1].double(), -1)

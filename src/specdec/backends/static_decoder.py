@@ -25,6 +25,7 @@ check it against the model's own forward.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -154,10 +155,12 @@ class StaticDecoder:
     buckets:       row counts a pass is padded to on the graph path (the largest is also the prefill chunk).
     use_graphs:    capture CUDA graphs (default: when the model is on CUDA).
     pad:           pad passes to buckets and chunk prefill (default: with graphs; tests turn it on for CPU).
+    compile_layers: run each layer's two halves through torch.compile (default: with graphs). A failed
+                   compile falls back to the eager halves, with a message.
     """
 
     def __init__(self, model, max_positions: int, buckets: Sequence[int] = DEFAULT_BUCKETS,
-                 use_graphs: bool | None = None, pad: bool | None = None):
+                 use_graphs: bool | None = None, pad: bool | None = None, compile_layers: bool | None = None):
         reason = static_support(model)
         if reason is not None:
             raise ValueError(f"static decoding is not available: {reason}")
@@ -212,19 +215,32 @@ class StaticDecoder:
             raise ValueError("CUDA graphs need the model on a CUDA device")
         self.pad = self.use_graphs if pad is None else bool(pad)
         self.graph_failure: str | None = None  # why capture was given up, if it was
+        self.compile_layers = self.use_graphs if compile_layers is None else bool(compile_layers)
+        self.compile_failure: str | None = None  # why compiling was given up, if it was
+        self.compile_seconds: float | None = None  # the first cache's compile of every bucket
+        self._compiled_halves = None
+        self._attention_input, self._attention_output_and_mlp = _attention_input, _attention_output_and_mlp
+        if self.compile_layers:
+            self.set_layers_compiled(True)
         self.passes = {}  # bucket -> passes run, for reports
 
     @property
     def description(self) -> str:
+        if self.compile_layers:
+            layers = "compiled layers"
+        else:
+            layers = "eager layers" + (f" (compile failed: {self.compile_failure})" if self.compile_failure else "")
         if self.use_graphs:
-            return f"static KV cache, CUDA graphs per row bucket ({', '.join(map(str, self.buckets))})"
+            return f"static KV cache, {layers}, CUDA graphs per row bucket ({', '.join(map(str, self.buckets))})"
         suffix = f" (CUDA graphs off: {self.graph_failure})" if self.graph_failure else ""
-        return "static KV cache, eager" + suffix
+        return f"static KV cache, {layers}, no graphs" + suffix
 
     def new_cache(self, capacity: int) -> StaticKVCache:
         """A cache with every bucket's graph captured up front: a capture (tens of ms) inside a timed step
         would teach the k policy that the step is slow."""
         cache = StaticKVCache(self, capacity)
+        if self.compile_layers and self.compile_seconds is None:
+            self._compile_every_bucket(cache)
         if self.use_graphs:
             with torch.inference_mode():
                 for rows in self.buckets:
@@ -284,6 +300,39 @@ class StaticDecoder:
                 return self._pass(cache, tokens, start, keep_from)
         return self._compute(cache, rows, keep_from)[: n - keep_from]
 
+    def set_layers_compiled(self, compiled: bool) -> None:
+        """Run the compiled (True) or the eager (False) layer halves in caches made from now on; the bench
+        measures both. Graphs already captured keep the kernels they were captured with."""
+        if compiled and self.compile_failure is None:
+            if self._compiled_halves is None:
+                self._compiled_halves = (_compiled(_attention_input), _compiled(_attention_output_and_mlp))
+                self.compile_seconds = None
+            self._attention_input, self._attention_output_and_mlp = self._compiled_halves
+            self.compile_layers = True
+        else:
+            self._attention_input, self._attention_output_and_mlp = _attention_input, _attention_output_and_mlp
+            self.compile_layers = False
+
+    def _compile_every_bucket(self, cache: StaticKVCache) -> None:
+        """Compile both layer halves for every bucket's shapes now (seconds to minutes, once per decoder), so
+        no compile lands in a capture or a timed pass; on any failure decode with the eager halves."""
+        began = time.perf_counter()
+        rows_list = self.buckets if self.pad else (1, 2)  # unpadded passes: the 1-row and the many-row variant
+        try:
+            with torch.inference_mode():
+                for rows in rows_list:
+                    cache.inputs[:rows, 0] = 0
+                    cache.inputs[:rows, 1] = torch.arange(rows, device=self.device)
+                    self._compute(cache, rows, 0)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except Exception as exc:  # an inductor/triton that cannot build here: the eager halves do the same math
+            self.compile_failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            self.set_layers_compiled(False)
+            print(f"specdec: torch.compile of the layers failed, running them eagerly: {self.compile_failure}",
+                  file=sys.stderr, flush=True)
+        self.compile_seconds = time.perf_counter() - began
+
     def _give_up_graphs(self, exc: BaseException) -> None:
         self.use_graphs = False
         self.graph_failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -313,31 +362,74 @@ class StaticDecoder:
         visible = self.slot_index.unsqueeze(0) <= positions.unsqueeze(1)  # [rows, slots]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
         mask = mask.repeat(self.groups, 1).unsqueeze(0).unsqueeze(0)  # [1, 1, groups * rows, slots]
-        h, kv, heads, dim = self.num_heads, self.num_kv_heads, self.num_heads, self.head_dim
+        shape = (self.num_heads, self.num_kv_heads, self.head_dim)
         x = F.embedding(ids, self.embed)
+        delta = torch.zeros_like(x)  # each layer adds the previous one's MLP output first (fused with its norm)
         for index, w in enumerate(self.layers):
-            y = F.rms_norm(x, (self.hidden,), w.norm_attn, self.eps)
-            qkv = F.linear(y, w.qkv, w.qkv_bias).view(rows, h + 2 * kv, dim)
-            if w.q_norm is not None:
-                qkv[:, :h] = F.rms_norm(qkv[:, :h], (dim,), w.q_norm, self.qk_norm_eps)
-                qkv[:, h : h + kv] = F.rms_norm(qkv[:, h : h + kv], (dim,), w.k_norm, self.qk_norm_eps)
-            # Rotate q and k in place, so that k and v sit side by side and reach the cache in one write.
-            qk = qkv[:, : h + kv]
-            _rope(qk, cos, sin, out=qk)
-            q = qkv[:, :h]
-            cache.kv[index].index_copy_(1, positions, qkv[:, h:].transpose(0, 1))
-            keys, values = cache.keys[index], cache.values[index]
-            # Query heads sharing a KV head become rows of one attention over that head: [kv, groups * rows, dim].
-            q = q.reshape(rows, kv, self.groups, dim).permute(1, 2, 0, 3).reshape(kv, self.groups * rows, dim)
-            attn = F.scaled_dot_product_attention(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
-                                                  attn_mask=mask, scale=self.scaling)
-            attn = attn[0].reshape(kv, self.groups, rows, dim).permute(2, 0, 1, 3).reshape(rows, heads * dim)
-            x = x + F.linear(attn, w.out)
-            y = F.rms_norm(x, (self.hidden,), w.norm_mlp, self.eps)
-            gate, up = F.linear(y, w.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w.down)
-        x = F.rms_norm(x[keep_from:], (self.hidden,), self.final_norm, self.eps)
+            x, q, new_kv = self._attention_input(x, delta, w.norm_attn, w.qkv, w.qkv_bias, w.q_norm, w.k_norm,
+                                                 cos, sin, shape, self.eps, self.qk_norm_eps)
+            cache.kv[index].index_copy_(1, positions, new_kv)
+            attn = F.scaled_dot_product_attention(q.unsqueeze(0), cache.keys[index].unsqueeze(0),
+                                                  cache.values[index].unsqueeze(0), attn_mask=mask, scale=self.scaling)
+            x, delta = self._attention_output_and_mlp(x, attn[0], w.out, w.norm_mlp, w.gate_up, w.down, shape,
+                                                      self.eps)
+        x = F.rms_norm((x + delta)[keep_from:], (self.hidden,), self.final_norm, self.eps)
         return F.linear(x, self.lm_head, self.lm_head_bias).float()
+
+
+# The two halves of a layer around the KV write and attention, as pure functions of tensors: eager as they
+# are, or compiled (torch.compile fuses their element-wise work into a few kernels; a graph then replays those).
+
+def _attention_input(x, delta, norm, qkv_weight, qkv_bias, q_norm, k_norm, cos, sin_signed,
+                     shape: tuple[int, int, int], eps: float, qk_eps: float):
+    """x + delta, its RMSNorm, the fused q/k/v product, q/k norms and rotary embedding.
+
+    Returns (the residual stream x + delta [rows, hidden], the queries grouped by KV head
+    [kv_heads, groups * rows, dim], the new keys then values [2 * kv_heads, rows, dim]).
+    """
+    heads, kv, dim = shape
+    rows = x.shape[0]
+    x = x + delta
+    y = F.rms_norm(x, (x.shape[-1],), norm, eps)
+    qkv = F.linear(y, qkv_weight, qkv_bias).view(rows, heads + 2 * kv, dim)
+    if q_norm is not None:
+        qkv[:, :heads] = F.rms_norm(qkv[:, :heads], (dim,), q_norm, qk_eps)
+        qkv[:, heads : heads + kv] = F.rms_norm(qkv[:, heads : heads + kv], (dim,), k_norm, qk_eps)
+    # Rotate q and k in place, so that k and v sit side by side and reach the cache in one write.
+    qk = qkv[:, : heads + kv]
+    if torch.compiler.is_compiling():
+        qk.copy_(_rope(qk, cos, sin_signed))  # TorchDynamo refuses out= into a strided view; the copy fuses
+    else:
+        _rope(qk, cos, sin_signed, out=qk)
+    # Query heads sharing a KV head become rows of one attention over that head: [kv, groups * rows, dim].
+    groups = heads // kv
+    q = qkv[:, :heads].reshape(rows, kv, groups, dim).permute(1, 2, 0, 3).reshape(kv, groups * rows, dim)
+    return x, q, qkv[:, heads:].transpose(0, 1)
+
+
+def _attention_output_and_mlp(x, attn, out_weight, norm, gate_up_weight, down_weight, shape: tuple[int, int, int],
+                              eps: float):
+    """The attention output [kv_heads, groups * rows, dim] projected and added to x, then the SiLU MLP.
+
+    Returns (x after attention, the MLP's output): the next layer (or the final norm) adds them.
+    """
+    heads, kv, dim = shape
+    rows = x.shape[0]
+    attn = attn.reshape(kv, heads // kv, rows, dim).permute(2, 0, 1, 3).reshape(rows, heads * dim)
+    x = x + F.linear(attn, out_weight)
+    y = F.rms_norm(x, (x.shape[-1],), norm, eps)
+    gate, up = F.linear(y, gate_up_weight).chunk(2, dim=-1)
+    return x, F.linear(F.silu(gate) * up, down_weight)
+
+
+def _compiled(function):
+    """torch.compile of a private copy of `function`: TorchDynamo keeps its compiled variants per code object,
+    so each decoder gets its own (a 7B target and a 0.5B draft never share, or widen, one cache entry)."""
+    import types
+
+    copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
+    return torch.compile(copy, fullgraph=True)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -82,7 +82,7 @@ class TransformersBackend:
 
     def __init__(self, model, tokenizer=None, name: str = "model", max_context: int | None = None,
                  static: bool | None = None, buckets=DEFAULT_BUCKETS, cuda_graphs: bool | None = None,
-                 pad_to_buckets: bool | None = None):
+                 pad_to_buckets: bool | None = None, compile_layers: bool | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -104,7 +104,8 @@ class TransformersBackend:
         self.forward_seconds = 0.0
         if static is None:
             static = self.device.type == "cuda" and static_support(model) is None
-        self.decoder = StaticDecoder(model, self.max_context, buckets, cuda_graphs, pad_to_buckets) if static else None
+        self.decoder = StaticDecoder(model, self.max_context, buckets, cuda_graphs, pad_to_buckets,
+                                     compile_layers) if static else None
         self.pass_costs: dict[int, float] | None = None  # measured by SpeculativeEngine.calibrate
         # On CUDA graphs a calibration takes well under a second, and the cost curve is nothing like a line.
         self.calibrate_on_first_use = self.decoder is not None and self.decoder.use_graphs

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..calibration import fitting_context
+from ..calibration import fitting_context, measure_pass_costs
 from ..config import SamplingParams, SpecConfig
 from ..drafters import create_drafter
 from ..drafters.base import Draft
@@ -177,6 +177,23 @@ class GpuBench:
 
     # -- the run ------------------------------------------------------------------------------------------
 
+    def eager_layer_curves(self, sizes=(1, 2, 4, 8, 16)) -> dict:
+        """The same passes with each layer's eager halves (no torch.compile) in graphs of their own: what the
+        compile buys, measured in this run."""
+        curves = {}
+        for role, backend in (("target", self.target), ("draft", self.draft)):
+            decoder = getattr(backend, "decoder", None)
+            if decoder is None or not decoder.compile_layers:
+                continue
+            self.log(f"pass-cost curve of the {role} with eager layers")
+            decoder.set_layers_compiled(False)
+            try:
+                cache = backend.new_cache(backend.max_context)
+                curves[role] = {str(s): c for s, c in measure_pass_costs(backend, sizes, cache=cache).items()}
+            finally:
+                decoder.set_layers_compiled(True)
+        return curves
+
     def over_budget(self) -> bool:
         budget = self.config.time_budget
         return budget is not None and time.perf_counter() - self.began > budget
@@ -201,8 +218,14 @@ class GpuBench:
             if role == "target":
                 self.target.pass_costs = {int(s): c for s, c in results["curves"][role].items()}
                 self.engines["plain"] = engine  # reuse its cache and graphs
+        results["curves_eager_layers"] = self.eager_layer_curves()
+        results["compile_seconds"] = {role: getattr(b.decoder, "compile_seconds", None)
+                                      for role, b in (("target", self.target), ("draft", self.draft))
+                                      if b is not None and getattr(b, "decoder", None) is not None}
         if self.device.type == "cuda" and self.target.decoder is not None:
             results["kernel_profile"] = {"target": kernel_profile(self.target, self.engines["plain"].cache)}
+            if self.draft is not None and self.draft.decoder is not None:
+                results["kernel_profile"]["draft"] = kernel_profile(self.draft, self.draft.new_cache(64))
         # Plain decoding first on every prompt: its outputs are the replay drafter's references.
         self.log("warm-up and plain references")
         self.run_once("plain", self.prompts[0][1], WARMUP_TOKENS)

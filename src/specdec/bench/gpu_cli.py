@@ -37,6 +37,9 @@ def add_gpu_arguments(bench: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-k-max", type=int, default=16,
                        help="largest k of the draft model's adaptive policy (default 16)")
     group.add_argument("--fp32", action="store_true", help="dummy models in fp32 instead of bf16")
+    group.add_argument("--compile-layers", choices=("auto", "on", "off"), default="auto",
+                       help="torch.compile each layer's element-wise work (auto: with CUDA graphs); when on, the "
+                       "bench also times the passes with eager layers for comparison")
 
 
 def wants_gpu_bench(args: argparse.Namespace) -> bool:
@@ -70,6 +73,7 @@ def run_gpu_bench_command(args: argparse.Namespace) -> int:
     if not (1 <= args.lookup_k_max <= 63 and 1 <= args.draft_k_max <= 63):
         raise ConfigError("--lookup-k-max and --draft-k-max must be in [1, 63] (a verification is at most 64 rows)")
     device = torch_device(args.device)
+    compile_layers = {"auto": None, "on": True, "off": False}[args.compile_layers]
     config = GpuBenchConfig(methods=methods, max_tokens=args.max_tokens, k_max=args.lookup_k_max,
                             draft_k_max=args.draft_k_max, time_budget=args.time_budget)
     if args.load_format == "dummy":
@@ -80,11 +84,13 @@ def run_gpu_bench_command(args: argparse.Namespace) -> int:
         successor = successor_table()
         print(f"building dummy {args.dummy_target} (draft {args.dummy_draft}) on {device}", file=sys.stderr, flush=True)
         target = TransformersBackend(build_dummy_model(args.dummy_target, device, dtype, successor, seed=1),
-                                     name=f"dummy {args.dummy_target}", max_context=context, static=True)
+                                     name=f"dummy {args.dummy_target}", max_context=context, static=True,
+                                     compile_layers=compile_layers)
         draft = None
         if args.dummy_draft != "none":
             draft = TransformersBackend(build_dummy_model(args.dummy_draft, device, dtype, successor, seed=2),
-                                        name=f"dummy {args.dummy_draft}", max_context=context, static=True)
+                                        name=f"dummy {args.dummy_draft}", max_context=context, static=True,
+                                        compile_layers=compile_layers)
         prompts = dummy_prompts(successor, args.num_prompts, args.prompt_tokens)
         config.extra = {"target": f"dummy {args.dummy_target}", "draft": None if draft is None else f"dummy {args.dummy_draft}",
                         "load_format": "dummy", "dtype": str(dtype).replace("torch.", ""),
@@ -99,6 +105,9 @@ def run_gpu_bench_command(args: argparse.Namespace) -> int:
         target, draft = decoder.target, decoder.draft
         if getattr(target, "model", None) is None:
             raise ConfigError("the GPU bench runs transformers models (the torch backend)")
+        for backend in (target, draft):
+            if compile_layers is not None and getattr(backend, "decoder", None) is not None:
+                backend.decoder.set_layers_compiled(compile_layers)
         chosen = select_prompts(args.tasks, getattr(args, "prompts", None), args.limit)
         prompts = [(p.task, decoder.encode(p.text, chat=args.chat)) for p in chosen]
         config.extra = {"target": ref.target, "draft": ref.draft, "load_format": "auto", "dtype": ref.weight_format,

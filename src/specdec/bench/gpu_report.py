@@ -62,6 +62,13 @@ def summarise(results: dict) -> dict:
         headline["max_ratio_2_to_16_rows"] = max(c / one for s, c in target_curve.items() if 2 <= s <= 16)
     if "draft" in curves and target_curve:
         headline["cost_ratio_c_pass"] = curves["draft"][1] / target_curve[1]
+    eager = {role: {int(s): c for s, c in curve.items()} for role, curve in results.get("curves_eager_layers", {}).items()}
+    for role, curve in eager.items():
+        if 1 in curve and 1 in curves.get(role, {}):
+            headline[f"{role}_one_row_eager_layers_ms"] = curve[1] * 1000
+            headline[f"{role}_one_row_compiled_over_eager_layers"] = curves[role][1] / curve[1]
+    if 1 in eager.get("draft", {}) and 1 in eager.get("target", {}):
+        headline["cost_ratio_c_pass_eager_layers"] = eager["draft"][1] / eager["target"][1]
     engine = _engine_pass_costs(methods)
     headline.update(engine)
     if plain and hf:
@@ -132,10 +139,21 @@ def to_markdown(results: dict) -> str:
                   "| rows | " + " | ".join(str(s) for s in sizes) + " |", "|---|" + "---:|" * len(sizes),
                   "| ms | " + " | ".join(f"{curve[s] * 1000:.2f}" for s in sizes) + " |",
                   "| x one row | " + " | ".join(f"{curve[s] / curve[sizes[0]]:.2f}" for s in sizes) + " |"]
-    profile = results.get("kernel_profile", {}).get("target")
-    if profile and "kernels" in profile:
-        lines += ["", f"One eager one-row pass of the target, profiled: {profile['kernels']} kernels, "
-                      f"{profile['device_ms']:.2f} ms of summed device time (a graph replays these without launch gaps)."]
+    for role, curve in results.get("curves_eager_layers", {}).items():
+        compiled = summary["curves"].get(role, {})
+        sizes = sorted(int(s) for s in curve)
+        lines += ["", f"The {role}'s passes with eager layer halves (no torch.compile; graphs as above), same run:", "",
+                  "| rows | " + " | ".join(str(s) for s in sizes) + " |", "|---|" + "---:|" * len(sizes),
+                  "| ms, eager layers | " + " | ".join(f"{curve[str(s)] * 1000:.2f}" for s in sizes) + " |",
+                  "| ms, compiled layers | " + " | ".join(format_cell(compiled[s] * 1000 if s in compiled else None, ".2f")
+                                                       for s in sizes) + " |"]
+    if results.get("compile_seconds"):
+        lines += ["", "torch.compile of the layer halves, every bucket, seconds (once per model): " + ", ".join(
+            f"{role} {format_cell(sec, '.1f')}" for role, sec in results["compile_seconds"].items())]
+    for role, profile in results.get("kernel_profile", {}).items():
+        if profile and "kernels" in profile:
+            lines += ["", f"One one-row pass of the {role} run without a graph, profiled: {profile['kernels']} kernels, "
+                          f"{profile['device_ms']:.2f} ms of summed device time (a graph replays these without launch gaps)."]
     lines += ["", "Headline figures:", ""]
     for key, value in head.items():
         lines.append(f"- {key}: {format_cell(value, '.3f')}")
