@@ -70,7 +70,7 @@ def test_static_logits_equal_transformers_forward(arch):
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_compiled_layers_equal_transformers_forward(arch):
-    """The layer halves through torch.compile (the CUDA default), padded to buckets, against transformers' forward."""
+    """Each layer through torch.compile (the CUDA default), padded to buckets, against transformers' forward."""
     eager, static = _pair(MAKERS[arch], pad_to_buckets=True, compile_layers=True)
     _replay_against_eager(eager, static, STEPS)
     assert static.decoder.compile_layers and static.decoder.compile_failure is None
@@ -78,7 +78,7 @@ def test_compiled_layers_equal_transformers_forward(arch):
 
 
 def test_a_failed_compile_falls_back_to_eager_layers(monkeypatch, capsys):
-    """Negative control: a compile that raises is reported, and the eager halves give the same logits."""
+    """Negative control: a compile that raises is reported, and the eager layers give the same logits."""
     from specdec.backends import static_decoder
 
     def broken(function):
@@ -246,7 +246,7 @@ def test_cuda_sampled_engine_follows_the_target_distribution():
     with torch.no_grad():  # soften the tiny models so every continuation has real mass
         target_model.lm_head.weight.mul_(0.05)
         draft_model.lm_head.weight.mul_(0.05)
-    # Eager layer halves in the graphs: this test is about sampling, and a compile per model costs seconds.
+    # Eager layers in the graphs: this test is about sampling, and a compile per model costs seconds.
     target = TransformersBackend(target_model, max_context=64, compile_layers=False)
     draft = TransformersBackend(draft_model, max_context=64, compile_layers=False)
     prompt = [1, 2, 4]

@@ -155,8 +155,8 @@ class StaticDecoder:
     buckets:       row counts a pass is padded to on the graph path (the largest is also the prefill chunk).
     use_graphs:    capture CUDA graphs (default: when the model is on CUDA).
     pad:           pad passes to buckets and chunk prefill (default: with graphs; tests turn it on for CPU).
-    compile_layers: run each layer's two halves through torch.compile (default: with graphs). A failed
-                   compile falls back to the eager halves, with a message.
+    compile_layers: run each layer through torch.compile (default: with graphs). A failed
+                   compile falls back to the eager layers, with a message.
     """
 
     def __init__(self, model, max_positions: int, buckets: Sequence[int] = DEFAULT_BUCKETS,
@@ -218,8 +218,8 @@ class StaticDecoder:
         self.compile_layers = self.use_graphs if compile_layers is None else bool(compile_layers)
         self.compile_failure: str | None = None  # why compiling was given up, if it was
         self.compile_seconds: float | None = None  # the first cache's compile of every bucket
-        self._compiled_halves = None
-        self._attention_input, self._attention_output_and_mlp = _attention_input, _attention_output_and_mlp
+        self._compiled_layer = None
+        self._layer = _layer
         if self.compile_layers:
             self.set_layers_compiled(True)
         self.passes = {}  # bucket -> passes run, for reports
@@ -301,21 +301,21 @@ class StaticDecoder:
         return self._compute(cache, rows, keep_from)[: n - keep_from]
 
     def set_layers_compiled(self, compiled: bool) -> None:
-        """Run the compiled (True) or the eager (False) layer halves in caches made from now on; the bench
+        """Run the compiled (True) or the eager (False) layer function in caches made from now on; the bench
         measures both. Graphs already captured keep the kernels they were captured with."""
         if compiled and self.compile_failure is None:
-            if self._compiled_halves is None:
-                self._compiled_halves = (_compiled(_attention_input), _compiled(_attention_output_and_mlp))
+            if self._compiled_layer is None:
+                self._compiled_layer = _compiled(_layer)
                 self.compile_seconds = None
-            self._attention_input, self._attention_output_and_mlp = self._compiled_halves
+            self._layer = self._compiled_layer
             self.compile_layers = True
         else:
-            self._attention_input, self._attention_output_and_mlp = _attention_input, _attention_output_and_mlp
+            self._layer = _layer
             self.compile_layers = False
 
     def _compile_every_bucket(self, cache: StaticKVCache) -> None:
-        """Compile both layer halves for every bucket's shapes now (seconds to minutes, once per decoder), so
-        no compile lands in a capture or a timed pass; on any failure decode with the eager halves."""
+        """Compile the layer function for every bucket's shapes now (seconds to minutes, once per decoder), so
+        no compile lands in a capture or a timed pass; on any failure decode with the eager layer."""
         began = time.perf_counter()
         rows_list = self.buckets if self.pad else (1, 2)  # unpadded passes: the 1-row and the many-row variant
         try:
@@ -326,7 +326,7 @@ class StaticDecoder:
                     self._compute(cache, rows, 0)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-        except Exception as exc:  # an inductor/triton that cannot build here: the eager halves do the same math
+        except Exception as exc:  # an inductor/triton that cannot build here: the eager layer does the same math
             self.compile_failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             self.set_layers_compiled(False)
             print(f"specdec: torch.compile of the layers failed, running them eagerly: {self.compile_failure}",
@@ -366,23 +366,34 @@ class StaticDecoder:
         x = F.embedding(ids, self.embed)
         delta = torch.zeros_like(x)  # each layer adds the previous one's MLP output first (fused with its norm)
         for index, w in enumerate(self.layers):
-            x, q, new_kv = self._attention_input(x, delta, w.norm_attn, w.qkv, w.qkv_bias, w.q_norm, w.k_norm,
-                                                 cos, sin, shape, self.eps, self.qk_norm_eps)
-            cache.kv[index].index_copy_(1, positions, new_kv)
-            attn = F.scaled_dot_product_attention(q.unsqueeze(0), cache.keys[index].unsqueeze(0),
-                                                  cache.values[index].unsqueeze(0), attn_mask=mask, scale=self.scaling)
-            x, delta = self._attention_output_and_mlp(x, attn[0], w.out, w.norm_mlp, w.gate_up, w.down, shape,
-                                                      self.eps)
+            x, delta = self._layer(x, delta, cache.kv[index], positions, mask, cos, sin, w.norm_attn, w.qkv,
+                                   w.qkv_bias, w.q_norm, w.k_norm, w.out, w.norm_mlp, w.gate_up, w.down, shape,
+                                   self.eps, self.qk_norm_eps, self.scaling)
         x = F.rms_norm((x + delta)[keep_from:], (self.hidden,), self.final_norm, self.eps)
         return F.linear(x, self.lm_head, self.lm_head_bias).float()
 
 
-# The two halves of a layer around the KV write and attention, as pure functions of tensors: eager as they
-# are, or compiled (torch.compile fuses their element-wise work into a few kernels; a graph then replays those).
+# One layer as a function of tensors: eager as it is, or compiled (torch.compile fuses its element-wise work,
+# the rotary embedding and the KV write into a few kernels around the matrix products and attention; a graph
+# then replays those).
+
+def _layer(x, delta, kv_cache, positions, mask, cos, sin_signed, norm_attn, qkv_weight, qkv_bias, q_norm, k_norm,
+           out_weight, norm_mlp, gate_up_weight, down_weight, shape: tuple[int, int, int], eps: float, qk_eps: float,
+           scaling: float):
+    """One decoder layer over rows at `positions`: writes their keys and values into kv_cache
+    [2 * kv_heads, slots, dim] and returns (x after attention, the MLP's output) for the next layer to add."""
+    kv = shape[1]
+    x, q, new_kv = _attention_input(x, delta, norm_attn, qkv_weight, qkv_bias, q_norm, k_norm, cos, sin_signed,
+                                    shape, eps, qk_eps)
+    kv_cache.index_copy_(1, positions, new_kv)
+    attn = F.scaled_dot_product_attention(q.unsqueeze(0), kv_cache[:kv].unsqueeze(0), kv_cache[kv:].unsqueeze(0),
+                                          attn_mask=mask, scale=scaling)
+    return _attention_output_and_mlp(x, attn[0], out_weight, norm_mlp, gate_up_weight, down_weight, shape, eps)
+
 
 def _attention_input(x, delta, norm, qkv_weight, qkv_bias, q_norm, k_norm, cos, sin_signed,
                      shape: tuple[int, int, int], eps: float, qk_eps: float):
-    """x + delta, its RMSNorm, the fused q/k/v product, q/k norms and rotary embedding.
+    """Layer input: x + delta, its RMSNorm, the fused q/k/v product, q/k norms and rotary embedding.
 
     Returns (the residual stream x + delta [rows, hidden], the queries grouped by KV head
     [kv_heads, groups * rows, dim], the new keys then values [2 * kv_heads, rows, dim]).
@@ -409,7 +420,7 @@ def _attention_input(x, delta, norm, qkv_weight, qkv_bias, q_norm, k_norm, cos, 
 
 def _attention_output_and_mlp(x, attn, out_weight, norm, gate_up_weight, down_weight, shape: tuple[int, int, int],
                               eps: float):
-    """The attention output [kv_heads, groups * rows, dim] projected and added to x, then the SiLU MLP.
+    """Layer output: the attention output [kv_heads, groups * rows, dim] projected and added to x, then the SiLU MLP.
 
     Returns (x after attention, the MLP's output): the next layer (or the final norm) adds them.
     """

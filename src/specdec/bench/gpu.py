@@ -178,7 +178,7 @@ class GpuBench:
     # -- the run ------------------------------------------------------------------------------------------
 
     def eager_layer_curves(self, sizes=(1, 2, 4, 8, 16)) -> dict:
-        """The same passes with each layer's eager halves (no torch.compile) in graphs of their own: what the
+        """The same passes with eager layers (no torch.compile) in graphs of their own: what the
         compile buys, measured in this run."""
         curves = {}
         for role, backend in (("target", self.target), ("draft", self.draft)):

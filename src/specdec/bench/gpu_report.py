@@ -142,13 +142,13 @@ def to_markdown(results: dict) -> str:
     for role, curve in results.get("curves_eager_layers", {}).items():
         compiled = summary["curves"].get(role, {})
         sizes = sorted(int(s) for s in curve)
-        lines += ["", f"The {role}'s passes with eager layer halves (no torch.compile; graphs as above), same run:", "",
+        lines += ["", f"The {role}'s passes with eager layers (no torch.compile; graphs as above), same run:", "",
                   "| rows | " + " | ".join(str(s) for s in sizes) + " |", "|---|" + "---:|" * len(sizes),
                   "| ms, eager layers | " + " | ".join(f"{curve[str(s)] * 1000:.2f}" for s in sizes) + " |",
                   "| ms, compiled layers | " + " | ".join(format_cell(compiled[s] * 1000 if s in compiled else None, ".2f")
                                                        for s in sizes) + " |"]
     if results.get("compile_seconds"):
-        lines += ["", "torch.compile of the layer halves, every bucket, seconds (once per model): " + ", ".join(
+        lines += ["", "torch.compile of the layer function, every bucket, seconds (once per model): " + ", ".join(
             f"{role} {format_cell(sec, '.1f')}" for role, sec in results["compile_seconds"].items())]
     for role, profile in results.get("kernel_profile", {}).items():
         if profile and "kernels" in profile:
