@@ -98,3 +98,15 @@ def assert_cache_keeps(engine, prompt, tokens) -> None:
     drafter = getattr(engine.drafter, "model", engine.drafter)  # hybrid: its draft model
     if getattr(drafter, "cache", None) is not None:
         assert drafter.cache.length == len(drafter.retained.tokens)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _pass_costs_in_a_temporary_file(tmp_path_factory):
+    """Curves measured on tiny test models go to a file of the test session, not the user's cache."""
+    from specdec import calibration
+
+    path = tmp_path_factory.mktemp("calibration") / "pass-costs.json"
+    original = calibration._cache_file
+    calibration._cache_file = lambda: path
+    yield path
+    calibration._cache_file = original

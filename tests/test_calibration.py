@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from specdec.adaptive import AdaptiveK
-from specdec.calibration import interpolate_cost, marginal_row_costs, measure_pass_costs
+from specdec.calibration import (
+    cached_pass_costs,
+    interpolate_cost,
+    machine_ceiling,
+    marginal_row_costs,
+    measure_pass_costs,
+)
 
 
 def test_measure_pass_costs_times_each_size_and_restores_the_cache(target_backend):
@@ -81,3 +87,66 @@ def test_default_k_is_16_for_the_adaptive_policy_on_cuda_only():
     assert default_k(args(device="cuda")) == 16
     assert default_k(args(device="cuda", k_policy="fixed")) == 5
     assert spec_from_args(args(device="cuda", k=3), has_draft_model=True).num_speculative_tokens == 3  # given: kept
+
+
+def test_machine_ceiling_on_measured_curves():
+    """What a drafter whose every token is accepted buys: (k + 1) / cost(k + 1) in one-row passes, best k."""
+    epyc = {1: 35.8, 2: 59.8, 3: 77.1, 4: 98.8, 8: 228.0}  # ms, llama.cpp 1.5B Q4_K_M, 2 threads (docs/llamacpp.md)
+    speedup, k = machine_ceiling(epyc, max_k=7)
+    assert k == 3 and speedup == pytest.approx(4 * 35.8 / 98.8)  # 4 rows are the best buy there: 1.45x
+    gpu = {1: 5.0, 2: 5.1, 4: 5.1, 8: 5.2, 16: 5.3}
+    assert machine_ceiling(gpu, max_k=7) == (pytest.approx(8 * 5.0 / 5.2), 7)  # rows nearly free: the longest k
+    line = {s: float(s) for s in (1, 2, 4, 8)}  # each row costs a pass: drafting cannot pay
+    assert machine_ceiling(line, max_k=7) == (1.0, 0)
+    with_draft = machine_ceiling(gpu, max_k=7, draft_cost_ratio=0.3)[0]
+    assert with_draft == pytest.approx(8 * 5.0 / (5.2 + 7 * 0.3 * 5.0))  # drafting time counts
+
+
+def test_cached_pass_costs_measure_once_per_key(tmp_path, monkeypatch):
+    from specdec import calibration
+
+    monkeypatch.setattr(calibration, "_cache_file", lambda: tmp_path / "pass-costs.json")
+    calls = []
+
+    class Backend:
+        key = "cpu A | lib | model | 2 threads"
+
+        def calibration_key(self):
+            return self.key
+
+    def measure(sizes):
+        calls.append(tuple(sizes))
+        return {s: 0.01 * s for s in sizes}
+
+    backend = Backend()
+    assert cached_pass_costs(backend, (1, 2, 4), measure) == {1: 0.01, 2: 0.02, 4: 0.04}
+    assert cached_pass_costs(backend, (1, 2), measure) == {1: 0.01, 2: 0.02}  # from the file
+    assert calls == [(1, 2, 4)]
+    cached_pass_costs(backend, (1, 8), measure)  # a size the file lacks: measured again
+    backend.key = "cpu A | lib | model | 1 threads"  # another thread count: another curve
+    cached_pass_costs(backend, (1, 2), measure)
+    assert calls == [(1, 2, 4), (1, 8), (1, 2)]
+    (tmp_path / "pass-costs.json").write_text("{not json")  # a corrupt file costs only a new measurement
+    assert cached_pass_costs(backend, (1,), measure) == {1: 0.01}
+
+
+def test_an_adaptive_llamacpp_engine_calibrates_once_and_reads_the_file(tmp_path, monkeypatch):
+    from specdec import calibration
+    from specdec.config import SamplingParams, SpecConfig
+    from specdec.drafters import create_drafter
+    from specdec.backends.llamacpp_backend import LlamaCppBackend
+    from specdec.engine import SpeculativeEngine
+    from tiny_gguf import write_tiny_gguf
+
+    monkeypatch.setattr(calibration, "_cache_file", lambda: tmp_path / "pass-costs.json")
+    gguf = write_tiny_gguf(tmp_path / "target.gguf", seed=0, layers=2)
+    spec = SpecConfig(4, drafter="prompt_lookup", k_policy="adaptive")
+    for run in range(2):
+        backend = LlamaCppBackend(gguf, max_context=512, threads=1)
+        assert backend.calibrate_on_first_use and backend.pass_costs is None
+        engine = SpeculativeEngine(backend, create_drafter("prompt_lookup", spec=spec), spec)
+        engine.generate([1, 2, 3, 1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+        assert sorted(backend.pass_costs) == [1, 2, 3, 4, 5]
+        if run == 0:
+            first = dict(backend.pass_costs)
+    assert backend.pass_costs == first  # the second backend read the curve the first one measured

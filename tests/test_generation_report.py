@@ -42,6 +42,18 @@ def test_where_greedy_outputs_part_is_printed():
     assert "runtime              llama.cpp AVX2" in text
 
 
+def test_the_machines_ceiling_is_printed_from_the_measured_curve():
+    out = report(drafted=8)
+    out["ceiling"] = {"speedup": 1.449, "k": 3, "draft_cost_ratio": 0.0,
+                      "pass_ms": {1: 35.8, 2: 59.8, 3: 77.1, 4: 98.8}}
+    text = format_generation_report(out)
+    assert "ceiling here         1.45x at k=3 if every drafted token were accepted" in text
+    assert "1/2/3/4 rows: 35.8/59.8/77.1/98.8 ms" in text
+    out["ceiling"] = {"speedup": 1.0, "k": 0, "draft_cost_ratio": 0.5, "pass_ms": {1: 35.0, 2: 70.0}}
+    text = format_generation_report(out)
+    assert "cannot beat plain decoding here" in text and "c = 0.50" in text
+
+
 class _Target:
     """Logits that favour token 11 over 12 by 0.25 after any context."""
 

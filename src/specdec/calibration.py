@@ -3,14 +3,19 @@
 The adaptive k policy needs verify_cost(k + 1) for lengths it has not tried yet. A line through two
 measured sizes is wrong on every real machine: a small CPU pays ~0.6 of a pass per extra row, an H200
 with CUDA graphs almost nothing up to dozens of rows, and kernels switch at bucket edges. So the
-curve is measured once per loaded backend (well under a second on a GPU) and the policy reads it.
+curve is measured once per loaded backend (well under a second on a GPU; on a CPU a few seconds, once
+per machine, model, library, threads and mode: cached_pass_costs keeps it on disk) and the policy
+reads it. machine_ceiling says what a perfect drafter would buy on that curve.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
-from typing import Mapping, Sequence
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -87,10 +92,64 @@ def interpolate_cost(curve: Mapping[int, float], size: int) -> float:
     return max(t1, t1 + (t1 - t0) / (s1 - s0) * (size - s1))
 
 
+def machine_ceiling(curve: Mapping[int, float], max_k: int, draft_cost_ratio: float = 0.0) -> tuple[float, int]:
+    """What a drafter whose every token is accepted would buy here: (speedup over plain decoding, its k).
+
+    A step drafting k tokens emits k + 1 and costs one pass of k + 1 rows plus k drafted tokens at
+    draft_cost_ratio one-row passes each (0 for a model-free drafter); plain decoding emits 1 per
+    one-row pass. The best k in [0, max_k] on the measured curve (k = 0: 1.0, drafting cannot pay).
+    """
+    one = interpolate_cost(curve, 1)
+    best, best_k = 1.0, 0
+    for k in range(1, max(0, max_k) + 1):
+        speedup = (k + 1) * one / (interpolate_cost(curve, k + 1) + k * draft_cost_ratio * one)
+        if speedup > best * (1 + 1e-9):
+            best, best_k = speedup, k
+    return best, best_k
+
+
+def _cache_file() -> Path:
+    from .models import cache_dir
+
+    return cache_dir() / "pass-costs.json"
+
+
+def cached_pass_costs(backend, sizes: Sequence[int], measure: Callable[[Sequence[int]], dict[int, float]]) -> dict[int, float]:
+    """The backend's curve at `sizes`, measured once per machine, model, library, threads and mode.
+
+    The key is backend.calibration_key() (None: nothing cached, always measured). Stored in
+    $SPECDEC_CACHE/pass-costs.json; a cached curve missing some sizes is measured again and replaced.
+    A corrupt or unwritable file only costs a new measurement.
+    """
+    key_of = getattr(backend, "calibration_key", None)
+    key = key_of() if callable(key_of) else None
+    if key is None:
+        return measure(sizes)
+    path = _cache_file()
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        stored = {}
+    curve = {int(s): float(c) for s, c in stored.get(key, {}).items()}
+    if curve and all(int(s) in curve for s in sizes):
+        return {int(s): curve[int(s)] for s in sizes}
+    curve = measure(sizes)
+    stored[key] = {str(s): c for s, c in curve.items()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stored, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+    return curve
+
+
 def marginal_row_costs(curve: Mapping[int, float]) -> dict[int, float]:
     """Each measured size's cost as a multiple of a one-row pass (the figure reports print)."""
     base = interpolate_cost(curve, 1)
     return {size: cost / base for size, cost in sorted(curve.items())}
 
 
-__all__ = ["DEFAULT_CONTEXT", "DEFAULT_SIZES", "fitting_context", "interpolate_cost", "marginal_row_costs", "measure_pass_costs"]
+__all__ = ["DEFAULT_CONTEXT", "DEFAULT_SIZES", "cached_pass_costs", "fitting_context", "interpolate_cost",
+           "machine_ceiling", "marginal_row_costs", "measure_pass_costs"]

@@ -108,9 +108,10 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft tokens per step (the maximum, for the adaptive policy); default 5, and 16 for the "
                         "adaptive policy on CUDA, where a pass of 17 rows costs about one of 1 row")
     parser.add_argument("--drafter", default=None,
-                        help="drafter: draft_model, prompt_lookup, hybrid (lookup first, draft model otherwise) or none "
-                        "(plain decoding). Default: draft_model when a draft model is given (--draft, or the default "
-                        "pair on CUDA), else prompt_lookup")
+                        help="drafter: draft_model, prompt_lookup, suffix (a suffix trie over the prompt, the output and "
+                        "recent outputs of other requests; draft length follows the match), hybrid (lookup first, draft "
+                        "model otherwise) or none (plain decoding). Default: draft_model when a draft model is given "
+                        "(--draft, or the default "                        "pair on CUDA), else prompt_lookup")
     parser.add_argument("--k-policy", choices=("fixed", "adaptive", "heuristic"), default="adaptive",
                         help="how k is chosen per step: adaptive (default: a cost model of measured acceptance and "
                         "timings, k from 0 up to -k; k = 0 when drafting does not pay on this machine), fixed, or "
@@ -120,6 +121,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                         help="prefill every prompt from scratch (default: reuse the KV cache of the prefix a request "
                         "shares with the previous one, as llama-server does; never under --exact)")
+    parser.add_argument("--no-suffix-cache", dest="suffix_cache", action="store_false",
+                        help="suffix drafter: draft from this request's text only (default: also from a bounded, "
+                        "in-memory cache of recent outputs, never written to disk)")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -197,7 +201,7 @@ def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfi
               if getattr(args, name, None) is not None}  # no flags: only a --config file sets them
     return SpecConfig(
         num_speculative_tokens=args.k if args.k is not None else default_k(args), drafter=drafter, draft_p_min=args.draft_p_min, k_policy=args.k_policy,
-        prefix_cache=getattr(args, "prefix_cache", True), **lookup,
+        prefix_cache=getattr(args, "prefix_cache", True), suffix_cache=getattr(args, "suffix_cache", True), **lookup,
     )
 
 

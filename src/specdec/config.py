@@ -82,6 +82,15 @@ class SpecConfig:
     # Keep the KV cache of the previous request and prefill only what a new prompt adds after the longest
     # common prefix (llama-server's cache_prompt). The exact llama.cpp target never reuses: see engine.py.
     prefix_cache: bool = True
+    # Suffix drafter (drafters/suffix.py): trie depth, the cross-request cache of recent outputs (in memory,
+    # bounded by tokens), and vLLM's suffix rules: at most factor * match length + offset tokens, each with
+    # an estimated probability >= min_prob.
+    suffix_cache: bool = True
+    suffix_cache_tokens: int = 8192
+    suffix_depth: int = 24
+    suffix_max_factor: float = 1.0
+    suffix_max_offset: float = 0.0
+    suffix_min_prob: float = 0.1
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -98,6 +107,13 @@ class SpecConfig:
             1 <= self.lookup_min_ngram <= self.lookup_max_ngram,
             "lookup n-gram sizes must satisfy 1 <= min <= max",
         )
+        _check(isinstance(self.suffix_depth, int) and 2 <= self.suffix_depth <= 256,
+               f"suffix_depth must be an integer in [2, 256], got {self.suffix_depth!r}")
+        _check(isinstance(self.suffix_cache_tokens, int) and self.suffix_cache_tokens >= 0,
+               f"suffix_cache_tokens must be an integer >= 0, got {self.suffix_cache_tokens!r}")
+        _check(self.suffix_max_factor > 0 and self.suffix_max_offset >= 0,
+               "suffix_max_factor must be > 0 and suffix_max_offset >= 0")
+        _check(0 <= self.suffix_min_prob <= 1, f"suffix_min_prob must be in [0, 1], got {self.suffix_min_prob!r}")
 
 
 @dataclass(frozen=True)

@@ -112,14 +112,19 @@ class SpeculativeEngine:
     def calibrate(self, sizes=None) -> dict[int, float]:
         """Measure the target's pass cost per row count on this engine's cache (calibration.py) and keep it on
         the backend, where every adaptive policy made afterwards reads it. Sizes: 1 to k + 1 by default."""
-        from .calibration import DEFAULT_SIZES, measure_pass_costs
+        from .calibration import DEFAULT_SIZES, cached_pass_costs, measure_pass_costs
 
         if self.cache is None:
             self.cache = self.target.new_cache(self.target.max_context)
-        self.retained.drop()  # the measurement empties the cache
         k = self.spec.num_speculative_tokens
         sizes = sizes or sorted({s for s in DEFAULT_SIZES if s <= k + 1} | {1, k + 1})
-        costs = measure_pass_costs(self.target, sizes, cache=self.cache)
+        options = getattr(self.target, "calibration_options", {})
+
+        def measure(wanted):
+            self.retained.drop()  # the measurement empties the cache
+            return measure_pass_costs(self.target, wanted, cache=self.cache, **options)
+
+        costs = cached_pass_costs(self.target, sizes, measure)
         self.target.pass_costs = costs
         return costs
 
@@ -169,7 +174,7 @@ class SpeculativeEngine:
             self.cache = self.target.new_cache(self.target.max_context)
         if self.spec.k_policy == "adaptive" and getattr(self.target, "calibrate_on_first_use", False) \
                 and getattr(self.target, "pass_costs", None) is None:
-            self.calibrate()  # a GPU: rows are nearly free, which no line through two sizes would show
+            self.calibrate()  # a GPU's nearly free rows, a CPU's kinked curve: no line through two sizes shows them
         self._runs += 1
         run = self._runs
         cache = self.cache
@@ -274,6 +279,8 @@ class SpeculativeEngine:
                 else:
                     self.retained.drop()  # an error mid-step: what the cache holds is not certain
                 if drafter is not None:
+                    if hasattr(drafter, "observe"):
+                        drafter.observe(context)  # everything emitted, for a drafter that learns from outputs
                     drafter.end()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from .config import SamplingParams, SpecConfig
+from .calibration import machine_ceiling
 from .kvcache import common_prefix_length
 from .metrics import leviathan_speedup
 
@@ -19,6 +20,26 @@ def _warm_up(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig) -> N
     decoder.generate(prompt_ids[-16:], warm, SpecConfig(drafter="none"))
 
 
+class GenerationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during generation_report: the text generated before it, for the caller to print.
+
+    A KeyboardInterrupt still, so a caller that does not look at the text stops as on any Ctrl-C.
+    complete: the speculative run had finished (the interrupt came in the plain-decoding comparison).
+    """
+
+    def __init__(self, text: str, num_tokens: int, complete: bool):
+        super().__init__()
+        self.text, self.num_tokens, self.complete = text, num_tokens, complete
+
+    @property
+    def note(self) -> str:
+        """What the interrupted command kept, for its one-line message."""
+        if self.complete:
+            return (f" during the plain-decoding comparison; the {self.num_tokens} generated tokens are printed, "
+                    "without statistics")
+        return f" after {self.num_tokens} generated tokens; the text so far is printed"
+
+
 def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig, compare: bool = True,
                       stream: bool = False) -> dict:
     """Run speculative (and, when compare, plain) decoding; return text and every figure we print."""
@@ -28,15 +49,19 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
     tokens: list[int] = []
     text_parts: list[str] = []
     finish = "length"
-    for chunk in engine.stream(prompt_ids, params):
-        tokens += chunk.tokens
-        text_parts.append(chunk.text)
-        finish = chunk.finish_reason or finish
+    try:
+        for chunk in engine.stream(prompt_ids, params):
+            tokens += chunk.tokens
+            text_parts.append(chunk.text)
+            finish = chunk.finish_reason or finish
+            if stream:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+    except KeyboardInterrupt as exc:
+        raise GenerationInterrupted("".join(text_parts), len(tokens), complete=False) from exc
+    finally:
         if stream:
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
-    if stream:
-        sys.stdout.write("\n")
+            sys.stdout.write("\n")
     stats = engine.last_stats
     report = {
         "text": "".join(text_parts),
@@ -48,7 +73,10 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
     # Drafting time per drafted token (the drafter's prompt prefill is not in it), as in Leviathan's c.
     draft_per_token = stats.draft_seconds / stats.num_draft_tokens if stats.num_draft_tokens else 0.0
     if compare:
-        plain = decoder.plain_engine().generate(prompt_ids, params)
+        try:
+            plain = decoder.plain_engine().generate(prompt_ids, params)
+        except KeyboardInterrupt as exc:
+            raise GenerationInterrupted(report["text"], len(tokens), complete=True) from exc
         target_per_forward = plain.stats.target_seconds / max(plain.stats.num_target_forwards, 1)
         cost_ratio = draft_per_token / target_per_forward if target_per_forward else 0.0
         # Same number of tokens on both sides, so tokens/s compares like with like.
@@ -72,6 +100,13 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
             if plain.tokens != tokens:
                 report["divergence"] = first_divergence(decoder, prompt_ids, plain.tokens, tokens)
     report["runtime"] = _runtime(decoder)
+    curve = getattr(decoder.target, "pass_costs", None)
+    if curve:
+        uses_model = spec.drafter in ("draft_model", "hybrid")
+        c = report.get("cost_ratio", 0.0) if uses_model else 0.0
+        ceiling, ceiling_k = machine_ceiling(curve, spec.num_speculative_tokens, c)
+        report["ceiling"] = {"speedup": round(ceiling, 3), "k": ceiling_k, "draft_cost_ratio": round(c, 4),
+                             "pass_ms": {size: round(cost * 1000, 2) for size, cost in sorted(curve.items())}}
     return report
 
 
@@ -111,13 +146,32 @@ def _divergence_line(report: dict) -> str:
             "round a row in a batch differently from a row alone, which flips near-ties; --exact makes them identical")
 
 
+def _ceiling_line(ceiling: dict) -> str:
+    costs = "/".join(f"{ms:g}" for ms in ceiling["pass_ms"].values())
+    rows = "/".join(str(size) for size in ceiling["pass_ms"])
+    drafting = f", drafting at c = {ceiling['draft_cost_ratio']:.2f}" if ceiling["draft_cost_ratio"] else ""
+    if ceiling["k"] == 0:
+        what = "none: even a drafter whose every token is accepted cannot beat plain decoding here"
+    else:
+        what = f"{ceiling['speedup']:.2f}x at k={ceiling['k']} if every drafted token were accepted"
+    return f"ceiling here         {what} (target passes of {rows} rows: {costs} ms{drafting})"
+
+
 def format_generation_report(report: dict) -> str:
     stats = report["stats"]
     lines = [
         f"prompt tokens        {report['prompt_tokens']}",
         f"generated tokens     {stats['num_generated_tokens']}  (finish: {report['finish_reason']})",
-        f"drafter              {report['spec']['drafter']}, k={report['spec']['k']} ({report['spec']['k_policy']})",
     ]
+    if report["spec"]["drafter"] == "none":
+        # What a tuned config says where no drafter pays: no speculative run, so no speculative figures.
+        lines += ["drafter              none: plain decoding, nothing drafted (give --drafter to speculate)",
+                  f"plain decoding       {stats['tokens_per_second']:.2f} tokens/s"]
+        if report.get("runtime"):
+            lines.append(f"runtime              {report['runtime']}")
+        return "\n".join(lines)
+    lines.append(
+        f"drafter              {report['spec']['drafter']}, k={report['spec']['k']} ({report['spec']['k_policy']})")
     drafted = stats.get("num_draft_tokens", 0) > 0
     if drafted:
         lines += [
@@ -153,6 +207,8 @@ def format_generation_report(report: dict) -> str:
         if "identical_to_plain" in report:
             lines.append("greedy identical     yes  (vs plain decoding)" if report["identical_to_plain"]
                          else _divergence_line(report))
+    if report.get("ceiling"):
+        lines.append(_ceiling_line(report["ceiling"]))
     if report.get("runtime"):
         lines.append(f"runtime              {report['runtime']}")
     return "\n".join(lines)

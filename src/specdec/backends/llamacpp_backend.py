@@ -121,6 +121,18 @@ ISA_FEATURES = ("AVX", "AVX2", "FMA", "F16C", "AVX_VNNI", "AVX512", "AVX512_VBMI
 _isa_warned = False
 
 
+def _cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ('unknown CPU' elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
 def _warn_if_library_lacks_isa(features: dict[str, bool]) -> None:
     """Warn once when this CPU has instruction sets the loaded library was not built for (never silently slower)."""
     global _isa_warned
@@ -259,6 +271,12 @@ class LlamaCppBackend:
         self._memory = llama_cpp.llama_get_memory(ctx)
         self._batch = llama_cpp.llama_batch_init(self.batch_size, 0, 1)
         self._free_sequences = list(range(MAX_SEQUENCES - 1, -1, -1))
+        # On a CPU each extra verified row costs 0.3-0.9 of a one-row pass, and the kernels change with the row
+        # count: a curve no line through two sizes fits. An adaptive engine measures it on first use (a few
+        # seconds) and calibration.cached_pass_costs keeps it per machine, model, library, threads and mode.
+        self.pass_costs: dict[int, float] | None = None
+        self.calibrate_on_first_use = True
+        self.calibration_options = {"repeats": 3, "warmup": 1}
         self.forward_calls = 0
         self.forward_seconds = 0.0
         self.forward_records: list[tuple[int, float]] | None = None  # (tokens, seconds) per call while a probe asks
@@ -363,6 +381,18 @@ class LlamaCppBackend:
             "batch_invariance_problems": self.batch_invariance_problems,
             "build": llama.llama_print_system_info().decode("utf-8", "replace").strip(),
         }
+
+    def calibration_key(self) -> str:
+        """What a measured pass-cost curve depends on: this CPU, the library, the model file, kernels, mode, threads."""
+        from .llamacpp_probe import library_file
+
+        def fingerprint(path) -> str:
+            if path is None:
+                return "?"
+            stat = Path(path).stat()
+            return f"{Path(path).resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+
+        return " | ".join([_cpu_model(), fingerprint(library_file()), fingerprint(self.gguf_path), self.runtime_summary()])
 
     def runtime_summary(self) -> str:
         """One line: instruction sets, kernels and mode (what `specdec generate` prints)."""

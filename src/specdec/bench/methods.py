@@ -2,12 +2,13 @@
 
 Ours (same engine, same loaded weights): `plain` (no drafter: the baseline), `spec_k<K>` (draft model,
 fixed k; the family name `spec` expands to --k-sweep), `adaptive` and `heuristic` (k chosen per step),
-`prompt_lookup` (n-gram copy from the context, no model), `hybrid` (lookup first, draft model otherwise).
+`prompt_lookup` (n-gram copy from the context, no model), `suffix` (suffix trie over the context and
+recent outputs, draft length from the match), `hybrid` (lookup first, draft model otherwise).
 The peer, transformers' own generate on the very same nn.Modules: `hf_plain` (greedy/sampled generate),
 `hf_assisted` (assisted generation with transformers' defaults), `hf_assisted_k<K>` (constant K
 assistant tokens, confidence stopping off; family `hf_assisted_k` expands to --k-sweep) and
 `hf_prompt_lookup` (prompt_lookup_num_tokens=-k).
-`prompt_lookup_adaptive` and `hybrid_adaptive` choose k per step with the cost model (max --k-max).
+`prompt_lookup_adaptive`, `suffix_adaptive` and `hybrid_adaptive` choose k per step with the cost model (max --k-max).
 The other peer, llama.cpp's own llama-server on the same GGUF files (bench/llamacpp_peer.py):
 `llamacpp_plain`, `llamacpp_spec` (its draft-model speculation, default settings; `llamacpp_spec_k<K>`
 sets its draft length) and `llamacpp_ngram` (its n-gram speculation).
@@ -29,8 +30,8 @@ DEFAULT_METHODS = (
     "hf_plain", "hf_assisted", "hf_prompt_lookup", "llamacpp_plain", "llamacpp_spec", "llamacpp_ngram",
 )
 FAMILIES = (
-    "plain", "spec", "spec_k<K>", "adaptive", "heuristic", "prompt_lookup", "prompt_lookup_adaptive", "hybrid",
-    "hybrid_adaptive", "hf_plain", "hf_assisted", "hf_assisted_k", "hf_assisted_k<K>", "hf_prompt_lookup",
+    "plain", "spec", "spec_k<K>", "adaptive", "heuristic", "prompt_lookup", "prompt_lookup_adaptive", "suffix",
+    "suffix_adaptive", "hybrid", "hybrid_adaptive", "hf_plain", "hf_assisted", "hf_assisted_k", "hf_assisted_k<K>", "hf_prompt_lookup",
     "llamacpp_plain", "llamacpp_spec", "llamacpp_spec_k<K>", "llamacpp_ngram", "exact_<one of ours>",
 )
 # Each peer framework's own plain decoding: its speculative methods are also compared with it.
@@ -121,7 +122,7 @@ def _spec_method(name: str, description: str, options: MethodOptions, **spec_kwa
         name, "specdec", description, spec=spec, k=spec.num_speculative_tokens, fixed_k=policy == "fixed",
         needs_draft_model=drafter in ("draft_model", "hybrid"), uses_draft_model=drafter == "draft_model",
         requires={"adaptive": "specdec.adaptive"}.get(policy) or (
-            f"specdec.drafters.{drafter}" if drafter in ("prompt_lookup", "hybrid") else None
+            f"specdec.drafters.{drafter}" if drafter in ("prompt_lookup", "suffix", "hybrid") else None
         ),
     )
 
@@ -157,9 +158,13 @@ def expand_method(name: str, options: MethodOptions) -> list[Method]:
     if name == "hybrid":
         return [_spec_method(name, f"prompt lookup, else draft model, k={options.k}", options, drafter="hybrid",
                              num_speculative_tokens=options.k)]
-    if name in ("prompt_lookup_adaptive", "hybrid_adaptive"):
+    if name == "suffix":
+        return [_spec_method(name, f"suffix trie (prompt, output, recent outputs), at most k={options.k}", options,
+                             drafter="suffix", num_speculative_tokens=options.k)]
+    if name in ("prompt_lookup_adaptive", "suffix_adaptive", "hybrid_adaptive"):
         drafter = name.removesuffix("_adaptive")
-        what = "n-gram prompt lookup" if drafter == "prompt_lookup" else "prompt lookup, else draft model"
+        what = {"prompt_lookup": "n-gram prompt lookup", "suffix": "suffix trie",
+                "hybrid": "prompt lookup, else draft model"}[drafter]
         return [_spec_method(name, f"{what}, adaptive k per source (max {options.k_max})", options,
                              drafter=drafter, num_speculative_tokens=options.k_max, k_policy="adaptive")]
     if name == "llamacpp_plain":

@@ -40,7 +40,9 @@ class Drafter(Protocol):
     starting empty, and `end` leaves it holding what it holds, which the drafter records. Such a drafter
     has a `prefix_cache: bool` attribute, which the engine sets from its own switch before `begin`
     (False: empty at `begin` and at `end`, as a cold run wants). `end` is called once a request stops,
-    however it stops; after an error inside `propose`, the drafter empties its cache itself.
+    however it stops; after an error inside `propose`, the drafter empties its cache itself. Optionally,
+    `observe(context)` is called just before `end` with the whole context (prompt + every token emitted),
+    for a drafter that learns from outputs across requests (the suffix drafter's cache).
     """
 
     name: str
