@@ -111,7 +111,7 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                         help="drafter: draft_model, prompt_lookup, suffix (a suffix trie over the prompt, the output and "
                         "recent outputs of other requests; draft length follows the match), hybrid (lookup first, draft "
                         "model otherwise) or none (plain decoding). Default: draft_model when a draft model is given "
-                        "(--draft, or the default "                        "pair on CUDA), else prompt_lookup")
+                        "(--draft, or the default pair on CUDA), else prompt_lookup")
     parser.add_argument("--k-policy", choices=("fixed", "adaptive", "heuristic"), default="adaptive",
                         help="how k is chosen per step: adaptive (default: a cost model of measured acceptance and "
                         "timings, k from 0 up to -k; k = 0 when drafting does not pay on this machine), fixed, or "
