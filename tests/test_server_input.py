@@ -199,8 +199,8 @@ VALID = [
     ("/v1/chat/completions", {"messages": [
         {"role": "system", "content": "w1"}, {"role": "developer", "content": "w2"},
         {"role": "user", "content": [{"type": "text", "text": "w3"}], "name": "w4"},
-        {"role": "assistant", "content": None}, {"role": "user", "content": "w5"}],
-        "max_tokens": 2, "temperature": 1, "tool_choice": "none", "response_format": {"type": "text"}}),
+        {"role": "assistant", "content": ""}, {"role": "user", "content": "w5"}],
+        "max_tokens": 2, "temperature": 1, "tools": None, "response_format": {"type": "text"}}),
 ]
 
 
@@ -228,8 +228,12 @@ def test_unknown_roles_and_tool_messages_are_refused(client):
                     {"role": "function", "content": "w2", "name": "f"}):
         error = assert_openai_error(chat(user, message), 400, "messages.1.role", "unsupported_parameter")
         assert "tool calling" in error["message"]
-    assert_openai_error(chat({"role": "assistant", "content": None, "tool_calls": []}), 400,
+    assert_openai_error(chat({"role": "assistant", "content": "w1", "tool_calls": []}), 400,
                         "messages.0.tool_calls", "unsupported_parameter")
+    # With content null (as OpenAI sends it beside tool_calls), the null content is named first.
+    error = assert_openai_error(chat({"role": "assistant", "content": None, "tool_calls": []}), 400,
+                                "messages.0.content")
+    assert "tool calls" in error["message"]
 
 
 @pytest.mark.parametrize("prompt,param", [("", "prompt"), ([], "prompt"), ([""], "prompt.0"), ([[]], "prompt.0"),

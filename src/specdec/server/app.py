@@ -2,8 +2,9 @@
 
 `create_app(decoder)` serves an already-built SpecDecoder; `create_app(loader=...)` starts
 answering at once (/health is 503) and loads the models on a background thread (/health 200 when
-ready). Requests are validated on the event loop (tokenizing on a helper thread, so a huge prompt never
-stalls it), then queued for the single engine worker. `ServerState.drain` is the graceful shutdown.
+ready). Requests are validated on the event loop (text too long to fit the context is refused by its
+length; the rest is tokenized on a helper thread, so a huge prompt never stalls the loop), then queued
+for the single engine worker. `ServerState.drain` is the graceful shutdown.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from . import sse
 from .errors import APIError, bad_request, error_body, error_responses, unsupported
 from .limits import HostCheckMiddleware, RequestBodyGuard, ServerLimits, queue_full
 from .metrics import ServerMetrics
+from .request_limits import check_prompt_chars
 from .schemas import (
     GENERATION_200_DESCRIPTION,
     SSE_RESPONSE,
@@ -272,8 +274,9 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
-        metrics.request_error(400)
-        return JSONResponse(_validation_api_error(exc).body(), status_code=400)
+        error = _body_api_error(request, exc) or _validation_api_error(exc)
+        metrics.request_error(error.status)
+        return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -332,8 +335,15 @@ def create_app(
         state.require_ready()
         model = state.check_model(req.model)
         check_completion_options(req)
-        prompt_ids = await state.prepare(_completion_prompt, state, req.prompt)
         params = sampling_params(req, req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)
+        prompt = _single_prompt(req.prompt)
+        if isinstance(prompt, str):
+            # Refused by length first: a text that cannot fit would hold the tokenizer thread, and every
+            # request queued behind it there, for as long as tokenizing it takes.
+            check_prompt_chars(len(prompt), state.engine.target.max_context, "prompt")
+            prompt_ids = await state.prepare(_encode_prompt, state, prompt)
+        else:
+            prompt_ids = prompt  # token ids: _check_fits refuses a list too long by its length alone
         _check_fits(state, prompt_ids, params, "prompt")
         ctx = ResponseContext("completion", model)
         return await _respond(state, ctx, prompt_ids, params, req, request)
@@ -346,6 +356,8 @@ def create_app(
         model = state.check_model(req.model)
         check_chat_options(req)
         messages = chat_messages(req)
+        text_chars = sum(len(m["content"]) + len(m.get("name", "")) for m in messages)
+        check_prompt_chars(text_chars, state.engine.target.max_context, "messages")
         try:
             prompt_ids = await state.prepare(state.decoder.encode_chat, messages)
         except APIError:
@@ -370,14 +382,17 @@ def create_app(
 # --------------------------------------------------------------------------------------------- helpers
 
 
-def _completion_prompt(state: ServerState, prompt) -> list[int]:
+def _single_prompt(prompt) -> str | list[int]:
+    """The one prompt of a request (a text or token ids); a list of several (a batch) is refused."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
             raise APIError(400, "batched prompts are not supported: send one prompt per request",
                            param="prompt", code="unsupported_parameter")
         prompt = prompt[0]
-    if isinstance(prompt, list):
-        return [int(t) for t in prompt]
+    return prompt
+
+
+def _encode_prompt(state: ServerState, prompt: str) -> list[int]:
     try:
         return state.decoder.encode(prompt, chat=False)
     except ValueError as exc:
@@ -475,6 +490,23 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
         job.cancel()
 
 
+def _body_api_error(request: Request, exc: RequestValidationError) -> APIError | None:
+    """The error for a body that is not there (400) or not sent as JSON (415), else None.
+
+    FastAPI hands the model the raw bytes of a body whose Content-Type is missing or not JSON, and
+    reports an empty body as a missing one; either way validation fails with a message about the
+    body's shape that would send the client looking in the wrong place."""
+    if isinstance(exc.body, (bytes, bytearray)):
+        sent = request.headers.get("content-type")
+        came = f"Content-Type {sent!r}" if sent else "no Content-Type"
+        return APIError(415, f"the request body must be JSON, sent with 'Content-Type: application/json'; "
+                             f"this one came with {came}", code="unsupported_media_type")
+    if any(error.get("type") == "missing" and not _param_path(error) for error in exc.errors()):
+        return bad_request("the request body is empty: send a JSON object, such as "
+                           "{\"prompt\": \"...\"} or {\"messages\": [...]}")
+    return None
+
+
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}
 
 
@@ -514,6 +546,16 @@ def _validation_api_error(exc: RequestValidationError) -> APIError:
                         code="unsupported_parameter")
     if kind == "missing":
         return bad_request(f"'{param}' is a required property", param)
+    if kind == "bad_value":  # our own validators' messages, complete as they are
+        return bad_request(first.get("msg", "invalid value"), param)
+    if kind == "too_long":
+        ctx = first.get("ctx", {})
+        return bad_request(f"'{param}' has {ctx.get('actual_length')} items; at most {ctx.get('max_length')} "
+                           f"are allowed", param)
+    if kind == "string_too_long":
+        length = len(first["input"]) if isinstance(first.get("input"), str) else "too many"
+        return bad_request(f"'{param}' is {length} characters long; at most {first.get('ctx', {}).get('max_length')} "
+                           f"are allowed", param)
     if not loc and kind in ("model_attributes_type", "dict_type"):
         return bad_request("the request body must be a JSON object")
     return bad_request(f"invalid value for '{param}': {first.get('msg', 'invalid')}", param)

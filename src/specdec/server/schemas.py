@@ -16,6 +16,7 @@ from pydantic_core import PydanticCustomError
 
 from ..config import ConfigError, SamplingParams
 from .errors import bad_request, unsupported
+from .request_limits import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
 # ---------------------------------------------------------------------------------------------------------
 # Requests
@@ -34,6 +35,9 @@ TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 # What /v1/completions accepts as `prompt`; a list of several prompts (a batch) is refused as unsupported.
 Prompt = NonEmptyText | TokenIds | Annotated[list[NonEmptyText], Field(min_length=1)] | Annotated[
     list[TokenIds], Field(min_length=1)]
+# At most MAX_STOP_SEQUENCES strings of at most MAX_STOP_CHARS characters (see request_limits).
+StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+Stop = StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)]
 ChatRole = Literal["system", "developer", "user", "assistant"]
 _TOOL_ROLES = ("tool", "function")
 
@@ -88,7 +92,7 @@ class _GenerationRequest(_StrictModel):
     temperature: float | None = None  # OpenAI default 1.0; 0 = greedy
     top_p: float | None = None
     seed: int | None = None
-    stop: NonEmptyText | list[NonEmptyText] | None = None
+    stop: Stop | None = None
     n: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -129,7 +133,7 @@ class CompletionRequest(_GenerationRequest):
 
 class ChatMessage(_StrictModel):
     role: ChatRole  # "developer" is the newer name of "system"
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[dict[str, Any]]
     name: str | None = None
 
     @field_validator("role", mode="before")
@@ -139,6 +143,15 @@ class ChatMessage(_StrictModel):
             raise PydanticCustomError("unsupported", "'{role}' messages need tool calling, which this server "
                                       "does not do", {"role": role})
         return role
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _no_null_content(cls, content: Any) -> Any:
+        if content is None:  # OpenAI allows it only beside tool_calls, which this server never makes
+            raise PydanticCustomError("bad_value", "a message's content must be text (a string or a list of text "
+                                      "parts), not null: null content only goes with tool calls, which this "
+                                      "server does not make")
+        return content
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -181,11 +194,11 @@ def check_chat_options(req: ChatCompletionRequest) -> None:
         raise unsupported("logprobs", "token log-probabilities are not returned")
     if req.top_logprobs:
         raise unsupported("top_logprobs", "token log-probabilities are not returned")
-    if req.tools or req.functions:
-        raise unsupported("tools" if req.tools else "functions", "no tool calling")
-    if req.tool_choice not in (None, "none", "auto") or req.function_call not in (None, "none", "auto"):
-        raise unsupported("tool_choice" if req.tool_choice not in (None, "none", "auto") else "function_call",
-                          "no tool calling")
+    # Any value but null is refused, `tools: []` and `tool_choice: "none"` too: OpenAI itself refuses an empty
+    # tools list and a tool_choice without tools, and accepting them here would suggest tool calling works.
+    for name in ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"):
+        if getattr(req, name) is not None:
+            raise unsupported(name, "this server does no tool or function calling")
     if req.response_format is not None and req.response_format.get("type", "text") != "text":
         raise unsupported("response_format", "only {'type': 'text'}")
     if req.modalities is not None and list(req.modalities) != ["text"]:
@@ -251,7 +264,7 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
                 texts.append(part["text"])
             content = "\n".join(texts)
         role = "system" if message.role == "developer" else message.role
-        entry: dict[str, Any] = {"role": role, "content": content or ""}
+        entry: dict[str, Any] = {"role": role, "content": content}
         if message.name:
             entry["name"] = message.name
         messages.append(entry)

@@ -1,0 +1,222 @@
+"""Per-request limits: the stop list's size, prompt text too long for the context (refused before tokenizing, so the
+next request is not held up), empty and non-JSON bodies, and tool calling fields refused whatever their value."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import httpx
+from fastapi.testclient import TestClient
+
+from specdec.server import create_app
+from specdec.server.request_limits import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, prompt_char_limit
+from test_server import MAX_CONTEXT, LiveServer, make_decoder, tiny_tokenizer
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+USER = {"role": "user", "content": "w1 w2"}
+PROMPT_LIMIT = prompt_char_limit(MAX_CONTEXT)
+
+
+def one_token_text(chars: int) -> str:
+    """Text of `chars` characters that the tiny whitespace tokenizer reads as one token: it fits any context."""
+    return "w1" + " " * (chars - 2)
+
+
+@pytest.fixture(scope="module")
+def tokenized():
+    """The lengths of the texts the server handed to the tokenizer (completion prompts and chat contents)."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def client(target_model, draft_model, tokenized):
+    decoder = make_decoder(target_model, draft_model, tiny_tokenizer())
+    encode, encode_chat = decoder.encode, decoder.encode_chat
+
+    def recording_encode(prompt, *args, **kwargs):
+        tokenized.append(len(prompt))
+        return encode(prompt, *args, **kwargs)
+
+    def recording_encode_chat(messages):
+        tokenized.append(sum(len(m["content"]) for m in messages))
+        return encode_chat(messages)
+
+    decoder.encode, decoder.encode_chat = recording_encode, recording_encode_chat
+    with TestClient(create_app(decoder, served_model_name="tiny")) as c:
+        yield c
+
+
+def post(client, path, body=None, **kwargs):
+    """POST and return (response, seconds it took)."""
+    began = time.perf_counter()
+    response = client.post(path, json=body, **kwargs) if body is not None else client.post(path, **kwargs)
+    return response, time.perf_counter() - began
+
+
+def assert_quick_error(response, seconds, status, param=None, code=None) -> dict:
+    assert response.status_code == status, response.text
+    assert seconds < 1.0, f"a refusal took {seconds:.2f} s"
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert "\n" not in error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    if code is not None:
+        assert error["code"] == code, error
+    return error
+
+
+# --------------------------------------------------------------------------------------------- stop
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_a_huge_stop_list_is_refused_at_once(client, path):
+    """100,000 stop strings (a 1.1 MB body, under the size limit) held the engine for 47 s on a real model."""
+    stops = [f"stop sequence {i}" for i in range(100_000)]
+    body = {"prompt": "w1 w2"} if path == COMPLETIONS else {"messages": [USER]}
+    error = assert_quick_error(*post(client, path, {**body, "max_tokens": 2, "stop": stops}), 400, "stop")
+    assert f"at most {MAX_STOP_SEQUENCES}" in error["message"] and "100000" in error["message"]
+
+
+def test_stop_limits_count_and_length(client):
+    body = {"prompt": "w1 w2", "max_tokens": 2}
+    longest = "x" * MAX_STOP_CHARS
+    served, _ = post(client, COMPLETIONS, {**body, "stop": [longest] * MAX_STOP_SEQUENCES})  # at the limits
+    assert served.status_code == 200, served.text
+    assert_quick_error(*post(client, COMPLETIONS, {**body, "stop": ["w9"] * (MAX_STOP_SEQUENCES + 1)}), 400, "stop")
+    error = assert_quick_error(*post(client, COMPLETIONS, {**body, "stop": ["w9", longest + "x"]}), 400, "stop.1")
+    assert f"at most {MAX_STOP_CHARS}" in error["message"]
+    assert_quick_error(*post(client, COMPLETIONS, {**body, "stop": longest + "x"}), 400, "stop")
+    stop = client.get("/openapi.json").json()["components"]["schemas"]["CompletionRequest"]["properties"]["stop"]
+    assert {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS} in stop["anyOf"]
+    assert any(choice.get("maxItems") == MAX_STOP_SEQUENCES for choice in stop["anyOf"])
+
+
+# --------------------------------------------------------------------------------------------- prompt length
+
+
+WORDS = "w1 " * (PROMPT_LIMIT // 3 + 1)  # just over the limit, and far more words (tokens) than the context
+OVERSIZE = [
+    (COMPLETIONS, {"prompt": WORDS}, "prompt"),
+    (COMPLETIONS, {"prompt": [WORDS]}, "prompt"),
+    (CHAT, {"messages": [{"role": "system", "content": WORDS[: PROMPT_LIMIT // 2]},
+                         {"role": "user", "content": WORDS[: PROMPT_LIMIT // 2 + 1]}]}, "messages"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", OVERSIZE, ids=["text", "one-text-list", "chat"])
+def test_text_too_long_for_the_context_is_refused_without_tokenizing(client, tokenized, path, body, param):
+    tokenized.clear()
+    error = assert_quick_error(*post(client, path, {**body, "max_tokens": 2}), 400, param, "context_length_exceeded")
+    assert str(PROMPT_LIMIT) in error["message"]
+    assert tokenized == []  # refused by its length: the tokenizer never saw it
+    # One character less is tokenized and served (here it is a single token): the bound refuses nothing that fits.
+    fitting = {"prompt": one_token_text(PROMPT_LIMIT)} if path == COMPLETIONS else {
+        "messages": [{"role": "user", "content": one_token_text(PROMPT_LIMIT)}]}
+    served, _ = post(client, path, {**fitting, "max_tokens": 2})
+    assert served.status_code == 200, served.text
+    assert tokenized == [PROMPT_LIMIT]
+
+
+@pytest.mark.parametrize("route", ["completion", "chat"])
+def test_a_request_right_after_an_oversize_prompt_is_served(target_model, draft_model, route):
+    """A prompt far too long for the context must not hold up the request after it: on a real model an 8 MB
+    prompt was tokenized for 11.5 s on the one tokenizer thread, and the next request waited behind it. Here
+    tokenizing such a text blocks until the test ends, as if it took forever."""
+    decoder = make_decoder(target_model, draft_model, tiny_tokenizer())
+    name = "encode" if route == "completion" else "encode_chat"
+    real = getattr(decoder, name)
+    release = threading.Event()
+    oversize_tokenized = []
+
+    def forever_on_oversize(arg, *args, **kwargs):
+        chars = len(arg) if isinstance(arg, str) else sum(len(m["content"]) for m in arg)
+        if chars > PROMPT_LIMIT:
+            oversize_tokenized.append(chars)
+            release.wait(60)
+        return real(arg, *args, **kwargs)
+
+    setattr(decoder, name, forever_on_oversize)
+    text = "w1 " * 200_000  # 600,000 characters: 200,000 tokens, far over the 256-token context
+    if route == "completion":
+        path, big, small = COMPLETIONS, {"prompt": text}, {"prompt": "w1 w2", "max_tokens": 3}
+    else:
+        path = CHAT
+        big = {"messages": [{"role": "user", "content": text}]}
+        small = {"messages": [USER], "max_tokens": 3}
+
+    async def oversize_then_normal(url):
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            oversize = asyncio.create_task(c.post(path, json=big))
+            await asyncio.sleep(0.05)  # let it go first
+            normal = await c.post(path, json=small)
+            return await oversize, normal
+
+    with LiveServer(create_app(decoder, served_model_name="tiny")) as live:
+        try:
+            oversize, normal = asyncio.run(oversize_then_normal(live.url))
+        finally:
+            release.set()
+    assert normal.status_code == 200, normal.text
+    assert oversize.status_code == 400 and oversize.json()["error"]["code"] == "context_length_exceeded"
+    assert oversize_tokenized == []
+
+
+# --------------------------------------------------------------------------------------------- bodies
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+@pytest.mark.parametrize("content_type", [None, "application/json", "text/plain"])
+def test_an_empty_body_says_so(client, path, content_type):
+    headers = {"content-type": content_type} if content_type else {}
+    error = assert_quick_error(*post(client, path, content=b"", headers=headers), 400)
+    assert "body is empty" in error["message"] and "None" not in error["message"]
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x"])
+def test_a_body_not_sent_as_json_is_415(client, path, content_type):
+    """`curl -d` without `-H 'Content-Type: application/json'` sends form-urlencoded: the body itself is fine JSON."""
+    body = b'{"prompt": "w1 w2", "max_tokens": 2}' if path == COMPLETIONS else \
+        b'{"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2}'
+    headers = {"content-type": content_type} if content_type else {}
+    error = assert_quick_error(*post(client, path, content=body, headers=headers), 415,
+                               code="unsupported_media_type")
+    assert "Content-Type: application/json" in error["message"]
+    assert (content_type or "no Content-Type") in error["message"]
+    served, _ = post(client, path, content=body, headers={"content-type": "application/json; charset=utf-8"})
+    assert served.status_code == 200, served.text
+
+
+# --------------------------------------------------------------------------------------------- tool calling
+
+
+# (A non-empty `tools` list was refused before; these were accepted.)
+TOOL_FIELDS = [("tools", []), ("tool_choice", "none"), ("tool_choice", "auto"), ("functions", []),
+               ("function_call", "none"), ("parallel_tool_calls", False)]
+
+
+@pytest.mark.parametrize("field,value", TOOL_FIELDS, ids=[f"{f}={v!r}" for f, v in TOOL_FIELDS])
+def test_tool_calling_fields_are_refused_whatever_their_value(client, field, value):
+    body = {"messages": [USER], "max_tokens": 2}
+    error = assert_quick_error(*post(client, CHAT, {**body, field: value}), 400, field, "unsupported_parameter")
+    assert "tool" in error["message"]
+    served, _ = post(client, CHAT, {**body, field: None})  # null is the same as leaving the field out
+    assert served.status_code == 200, served.text
+
+
+@pytest.mark.parametrize("message", [{"role": "assistant", "content": None}, {"role": "user", "content": None},
+                                     {"role": "assistant"}])
+def test_a_message_without_text_content_is_refused(client, message):
+    body = {"messages": [USER, message, USER], "max_tokens": 2}
+    error = assert_quick_error(*post(client, CHAT, body), 400, "messages.1.content")
+    assert "content" in error["message"]
