@@ -94,3 +94,20 @@ def test_a_failed_amx_check_turns_extra_buffers_off_instead_of_crashing(monkeypa
     # Negative control: the check passing keeps them on.
     monkeypatch.setattr(llamacpp_probe, "amx_rows_agree", lambda path, threads=1: {"ok": True, "why": "", "max_error": 0})
     assert llamacpp_backend.LlamaCppBackend(path, max_context=64, threads=1, batch_invariant=False).extra_buffers
+
+
+def test_ctrl_c_during_a_probe_stops_and_condemns_nothing(tmp_path, monkeypatch):
+    """Ctrl-C reaches the probing child too (SIGINT to the process group): that is the user stopping, not a
+    library that cannot run, and no verdict is cached from it."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECDEC_LLAMACPP_PROBED", raising=False)
+    library = tmp_path / "libllama.so"
+    library.write_bytes(b"\0" * 16)
+    monkeypatch.setattr(llamacpp_probe, "library_file", lambda: library)
+    returncodes = [-2, 0]  # the child killed by SIGINT, then a child that loads
+    monkeypatch.setattr(llamacpp_probe.subprocess, "run",
+                        lambda args, **kwargs: subprocess.CompletedProcess(args, returncodes.pop(0), "", ""))
+    with pytest.raises(KeyboardInterrupt):
+        check_library_runs()
+    check_library_runs()  # probed again (nothing cached), and this time it loads
+    assert returncodes == []

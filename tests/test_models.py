@@ -69,7 +69,7 @@ def test_garbage_reference_explains_the_accepted_forms(garbage):
      ("org/model@refs/pr/3", "org/model", "refs/pr/3")],
 )
 def test_hub_ids(reference, name, revision):
-    assert resolve(reference) == ResolvedModel(name, revision=revision, label=reference)
+    assert resolve(reference) == ResolvedModel(name, revision=revision, label=reference, hub=True)
 
 
 # ---------------------------------------------------------------------------------------------

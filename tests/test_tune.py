@@ -149,22 +149,80 @@ def test_tune_recommends_no_draft_when_every_candidate_slows_generation(models, 
 
 # -- pure parts -----------------------------------------------------------------------------------------------
 
-def _row(name, speedup, identical=True, a=0.5):
-    return {"candidate": name, "speedup": speedup, "acceptance_rate": a, "identical_to_plain": identical,
-            "draft_reference": f"/{name}", "spec": {"drafter": "draft_model", "num_speculative_tokens": 3}}
+def _row(name, speedup, identical=True, a=0.5, low=None, high=None, drafts=10, bound=2.0):
+    """A measured row as rows_from_results makes it; (low, high): the paired speedup's 95% interval."""
+    interval = None if low is None else {"estimate": speedup, "low": low, "high": high, "pairs": 5,
+                                         "confidence": 0.95}
+    return {"candidate": name, "speedup": speedup, "speedup_paired": speedup, "speedup_interval": interval,
+            "acceptance_rate": a if drafts else None, "identical_to_plain": identical, "num_drafts": drafts,
+            "mean_k": 3.0 if drafts else None, "leviathan_bound": bound if drafts else None,
+            "draft_reference": f"/{name}", "spec": {"drafter": "draft_model", "num_speculative_tokens": 3},
+            "draft": name, "drafter": "draft_model", "k_policy": "fixed", "k": 3, "cost_model_bound": None,
+            "mean_acceptance_length": None, "cost_ratio": None, "verify_cost": None,
+            "paired_runs": 5 if interval else 1,
+            "num_identical_to_plain": "5/5", "speedup_per_task": {}, "acceptance_rate_per_pos": []}
 
 
-def test_rank_orders_by_speedup_and_never_recommends_a_lossy_or_marginal_configuration():
-    ranked, rec = rank([_row("a", 1.2), _row("b", 1.6, identical=False), _row("c", 0.8), _row("d", None)], 1.03)
+def test_rank_orders_by_evidence_then_speedup_and_never_recommends_a_lossy_or_marginal_configuration():
+    ranked, rec = rank([_row("a", 1.2, low=1.1, high=1.3), _row("b", 1.6, identical=False, low=1.4, high=1.8),
+                        _row("c", 0.8, low=0.7, high=0.9), _row("d", None)], 1.03)
     assert [r["candidate"] for r in ranked] == ["b", "a", "c", "d"]
     assert ranked[0]["verdict"].startswith("NOT IDENTICAL") and ranked[2]["slower"] and not ranked[3]["slower"]
+    assert ranked[1]["verdict"] == "faster" and ranked[2]["verdict"] == "SLOWER than plain"
     assert rec.speculate and rec.row["candidate"] == "a" and rec.draft_reference == "/a"
-    _, rec = rank([_row("a", 1.02), _row("c", 0.8)], 1.03)
-    assert not rec.speculate and rec.row["candidate"] == "a"  # within noise: plain decoding
-    _, rec = rank([_row("a", 1.02)], 1.0)
+    assert "95% CI 1.10-1.30x" in rec.reason
+    _, rec = rank([_row("a", 1.02, low=1.01, high=1.03), _row("c", 0.8, low=0.7, high=0.9)], 1.03)
+    assert not rec.speculate and rec.row["candidate"] == "a" and "below --min-speedup" in rec.reason
+    _, rec = rank([_row("a", 1.02, low=1.01, high=1.03)], 1.0)
     assert rec.speculate  # negative control: the threshold is what refused it above
     _, rec = rank([], 1.03)
     assert not rec.speculate and rec.spec == SpecConfig(drafter="none", k_policy="adaptive")
+
+
+def test_rank_calls_an_interval_that_includes_one_no_faster_than_plain():
+    """Noise is not signal: a higher point whose interval includes 1 ranks below a smaller, certain gain, and
+    a point below 1 whose interval includes 1 is not called slower."""
+    ranked, rec = rank([_row("noisy", 1.18, low=0.92, high=1.51), _row("sure", 1.08, low=1.04, high=1.12),
+                        _row("dip", 0.93, low=0.80, high=1.08)], 1.03)
+    assert [r["candidate"] for r in ranked] == ["sure", "noisy", "dip"]
+    assert ranked[1]["verdict"] == ranked[2]["verdict"] == "no faster than plain"
+    assert not any(r["slower"] for r in ranked)
+    assert rec.speculate and rec.row["candidate"] == "sure"
+    # Without the certain one, nothing is recommended, and the answer says so.
+    _, rec = rank([_row("noisy", 1.18, low=0.92, high=1.51), _row("dip", 0.93, low=0.80, high=1.08)], 1.03)
+    assert not rec.speculate and rec.reason.startswith("do not speculate here: no configuration is shown faster")
+    assert "best measured: noisy at 1.18x, 95% CI 0.92-1.51x)" in rec.reason and rec.spec.drafter == "none"
+    # One paired run gives no interval: nothing is shown, however large the single ratio.
+    ranked, rec = rank([_row("once", 1.4)], 1.03)
+    assert ranked[0]["verdict"] == "not shown faster: one paired run, no interval" and not rec.speculate
+
+
+def test_a_configuration_that_never_drafted_is_plain_decoding_whatever_its_timing(tmp_path):
+    """Issue 17: a configuration that never drafted measured 1.18x (timing noise, above its own bound of 1.0:
+    it decoded plainly) and was written to tuned.json."""
+    never = _row("never", 1.18, low=1.12, high=1.25, drafts=0)
+    ranked, rec = rank([never, _row("dip", 0.95, low=0.85, high=1.06)], 1.03)
+    assert ranked[0]["candidate"] == "never" and ranked[0]["verdict"] == "never drafted: plain decoding"
+    assert ranked[0]["own_bound"] == 1.0 and ranked[0]["above_bound"] == 1.18
+    assert not rec.speculate and rec.spec.drafter == "none" and rec.draft_reference is None
+    # A configuration that drafted is flagged too when it beats its Leviathan bound, but still ranked.
+    ranked, rec = rank([_row("lucky", 1.5, low=1.3, high=1.7, bound=1.2)], 1.03)
+    assert ranked[0]["above_bound"] == 1.5 and rec.speculate
+    ranked, _ = rank([_row("fine", 1.19, low=1.1, high=1.3, bound=1.2)], 1.03)
+    assert ranked[0]["above_bound"] is None  # negative control
+
+    from specdec.tune.report import above_bound_text
+    from specdec.tune.run import TuneResult
+
+    ranked, rec = rank([never], 1.03)
+    result = TuneResult(ranked, rec, info={"num_prompts": 5, "tasks": ["mine"], "repeats": 1})
+    paths = write_outputs(result, tmp_path, base_ref=ModelRef(target="/models/target", draft=None), plot=False)
+    written = read_run_config(paths["config"])
+    assert written.spec.drafter == "none" and written.model.draft is None and not written.info["speculate"]
+    assert written.info["best_measured"]["candidate"] == "never" and "speedup" not in written.info
+    markdown = paths["markdown"].read_text()
+    assert "do not speculate here" in markdown and "as drafter `none`" in markdown
+    assert "timing noise" in above_bound_text(ranked[0]) and "Measured above its own bound" in markdown
 
 
 def test_options_drafts_and_methods():
@@ -278,7 +336,8 @@ def test_tune_command_end_to_end_and_its_config_runs_generate(model_dirs, tmp_pa
     assert code == 0, printed.err
     assert "| rank |" in printed.out and "recommendation:" in printed.out
     report = json.loads((out / "tune.json").read_text())
-    assert report["info"]["num_prompts"] == 2
+    assert report["info"]["num_prompts"] == 2 and report["info"]["repeats"] == 3  # >= 5 paired runs each
+    assert all(r["paired_runs"] == 6 and r["speedup_interval"]["pairs"] == 6 for r in report["rows"])
     assert {(r["draft"], r["drafter"]) for r in report["rows"]} == {
         (target, "draft_model"), (model_dirs["random"], "draft_model"), (None, "prompt_lookup")}
     assert [u["draft"] for u in report["unusable"]] == [model_dirs["other_vocab"]]
@@ -302,6 +361,35 @@ def test_tune_command_end_to_end_and_its_config_runs_generate(model_dirs, tmp_pa
     report = json.loads(printed.out)
     assert report["spec"] == {"drafter": "draft_model", "k": 3, "k_policy": "fixed"}
     assert report["identical_to_plain"] and report["stats"]["acceptance_rate"] == 1.0
+
+
+def test_tune_command_says_do_not_speculate_and_writes_it(models, clock, tmp_path, monkeypatch, capsys):
+    """docs/tune.md promises a message when the best choice is not to speculate: printed, and in tuned.json."""
+    import specdec.models
+    from specdec.tune.cli import run_tune_command
+
+    target, drafts, hooks = _backends(models, clock, "bad")
+    monkeypatch.setattr(specdec.models, "load_backend", lambda reference, *args, **kwargs: drafts[0].backend)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(p.text) for p in _prompts(3)) + "\n")
+    out = tmp_path / "out"
+    args = build_parser().parse_args(["tune", "/models/target", "--drafts", "/models/bad", "--drafters", "draft_model",
+                                      "--k-policies", "fixed", "--k-sweep", "2", "--prompts", str(prompts), "-n", "12",
+                                      "--no-chat", "--no-plot", "--out", str(out)])
+    try:
+        code = run_tune_command(args, target=target, log=lambda message: None)
+    finally:
+        _remove(hooks)
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "recommendation: do not speculate here: no configuration is shown faster than plain decoding" in printed
+    assert f"wrote drafter none (plain decoding) to {out / 'tuned.json'}" in printed
+    assert "warning: slower than plain decoding, do not use: /models/bad" in printed
+    written = read_run_config(out / "tuned.json")
+    assert written.spec.drafter == "none" and written.model.draft is None and not written.info["speculate"]
+    report = json.loads((out / "tune.json").read_text())
+    assert report["info"]["repeats"] == 2  # 3 prompts, repeated for at least 5 paired runs each
+    assert report["rows"][0]["paired_runs"] == 6 and report["rows"][0]["speedup_interval"]["high"] < 1.0
 
 
 def test_tune_command_refuses_bad_input_before_loading(capsys, tmp_path):
@@ -332,7 +420,7 @@ def test_tune_on_llama_cpp_frees_each_runs_sequences(tmp_path, monkeypatch, caps
     prompts.write_text(json.dumps("def f(x):\n    return x + 1\n") + "\n" + json.dumps("for i in range(3): x") + "\n")
     code = main(["tune", target, "--drafts", f"{target},{draft}", "--drafters", "draft_model,prompt_lookup",
                  "--k-sweep", "2,3,4", "--prompts", str(prompts), "-n", "8", "--threads", "1", "--no-chat",
-                 "--no-warmup", "--no-plot", "--out", str(tmp_path / "out")])
+                 "--no-warmup", "--no-plot", "--repeats", "1", "--out", str(tmp_path / "out")])
     printed = capsys.readouterr()
     assert code == 0, printed.err
     report = json.loads((tmp_path / "out" / "tune.json").read_text())

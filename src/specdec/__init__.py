@@ -1,17 +1,32 @@
 """specdec public API: load a target/draft pair, then generate or stream losslessly with speculative decoding."""
 
 from .config import ConfigError, ModelRef, SamplingParams, SpecConfig
-from .engine import Chunk, Generation, SpeculativeEngine, plain_engine
-from .metrics import SpecStats
-from .pipeline import SpecDecoder
 
 __version__ = "0.1.0"
+
+# The names that need torch are imported on first use (PEP 562), so `import specdec` (and the `specdec`
+# console script, which imports this package first) costs milliseconds: a Ctrl-C during torch's import
+# then lands in the command's handler, which reports it in one line, not in a traceback from here.
+_LAZY = {
+    "Chunk": ".engine", "Generation": ".engine", "SpeculativeEngine": ".engine", "plain_engine": ".engine",
+    "SpecStats": ".metrics", "SpecDecoder": ".pipeline",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load(target: str = "default", draft: str | None = "auto", weight_format: str = "fp32",
          max_context: int = 4096, spec: SpecConfig | None = None,
          draft_weight_format: str | None = "int8", backend: str = "auto", threads: int | None = None,
-         exact: bool = False) -> SpecDecoder:
+         exact: bool = False) -> "SpecDecoder":
     """Load a model pair ('default' = the packaged Qwen2.5-Coder 1.5B target and 0.5B draft).
 
     backend: "auto" (llama.cpp for .gguf files and the default pair on CPU, torch otherwise), "torch" or
@@ -23,6 +38,8 @@ def load(target: str = "default", draft: str | None = "auto", weight_format: str
     """
     if draft == "auto":
         draft = "default" if target == "default" else None
+    from .pipeline import SpecDecoder
+
     ref = ModelRef(target, draft, weight_format, max_context, draft_weight_format=draft_weight_format,
                    backend=backend, threads=threads, batch_invariant=exact)
     return SpecDecoder.load(ref, spec)
@@ -32,3 +49,7 @@ __all__ = [
     "Chunk", "ConfigError", "Generation", "ModelRef", "SamplingParams", "SpecConfig", "SpecDecoder",
     "SpecStats", "SpeculativeEngine", "load", "plain_engine", "__version__",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -83,20 +83,33 @@ def _register_missing(commands, command: str, extra: str, exc: ImportError) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        # Building the parser imports the subcommands (torch among them: seconds), so a Ctrl-C can land here.
+        args = build_parser().parse_args(argv)
     except KeyboardInterrupt:
         print("specdec: interrupted", file=sys.stderr)
         return 130
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt as exc:
+        print(f"specdec {args.command}: interrupted{_what_was_kept(exc)}", file=sys.stderr)
+        return 130
     except _expected_errors() as exc:
-        print(f"specdec {args.command}: error: {exc}", file=sys.stderr)
+        print(f"specdec {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
 
 
+def one_line(exc: BaseException) -> str:
+    """An error message on one line: libraries' messages (transformers', huggingface_hub's) span several."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+def _what_was_kept(exc: KeyboardInterrupt) -> str:
+    return getattr(exc, "note", "")  # report.GenerationInterrupted says what text it kept
+
+
 def _run_generate(args: argparse.Namespace) -> int:
-    from .report import format_generation_report, generation_report
+    from .report import GenerationInterrupted, format_generation_report, generation_report
 
     validate_early(args)
     if args.prompt_file:
@@ -113,9 +126,21 @@ def _run_generate(args: argparse.Namespace) -> int:
     plain_only = spec.drafter == "none"
     params = sampling_from_args(args)
     prompt_ids = decoder.encode(args.prompt, chat=args.chat)
+    streaming = args.stream and not args.json
     # --drafter none (e.g. a tuned config that found no draft worth it): plain decoding, nothing to compare.
-    report = generation_report(decoder, prompt_ids, params, spec, compare=args.compare and not plain_only,
-                               stream=args.stream and not args.json)
+    try:
+        report = generation_report(decoder, prompt_ids, params, spec, compare=args.compare and not plain_only,
+                                   stream=streaming)
+    except GenerationInterrupted as stop:
+        # Ctrl-C keeps what was generated: streamed already, or printed now (main says how much, exit 130).
+        if args.json:
+            import json
+
+            print(json.dumps({"text": stop.text, "interrupted": True, "generated_tokens": stop.num_tokens,
+                              "speculative_run_complete": stop.complete}, indent=2))
+        elif not streaming:
+            print(stop.text)
+        raise
     if args.json:
         import json
 

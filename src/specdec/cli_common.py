@@ -40,10 +40,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True, con
                         help=argparse.SUPPRESS)  # the old spelling of today's default
     parser.add_argument(
         "--weight-format", "--dtype", dest="weight_format", choices=WEIGHT_FORMATS, default=None,
-        help="torch backend: weights for both models (default fp32, oneDNN-packed, on CPU; bf16 on CUDA); giving it selects torch "
-        "under --backend auto. int8 (dynamic, per-row activations) is faster on CPU but its activation "
-        "rounding amplifies tiny numeric differences between the batched verify pass and one-token decoding, "
-        "so greedy output can differ from plain decoding at near-ties",
+        help="torch backend: the number format the target's weights run in: fp32 (default on CPU, oneDNN-packed), "
+        "bf16 (default on CUDA) or int8 (CPU only: fastest there, but its rounding can make greedy output differ "
+        "from plain decoding at near-ties). The draft has its own --draft-weight-format. GGUF models on llama.cpp "
+        "run the quantization stored in the file, so giving this flag selects torch under --backend auto",
     )
     parser.add_argument(
         "--draft-weight-format", dest="draft_weight_format", choices=WEIGHT_FORMATS + ("same",), default="int8",
@@ -132,12 +132,17 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
                         "string)")
     parser.add_argument("--temperature", "--temp", dest="temperature", type=float, default=0.0,
                         help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                        help="sample from the smallest set of tokens whose probabilities sum to P (default 1: off)")
+    parser.add_argument("--top-k", type=int, default=0, metavar="K",
+                        help="sample from the K most probable tokens only (default 0: off)")
+    parser.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                        help="drop tokens less probable than P times the most probable one (default 0: off)")
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="random seed of the sampler, for repeatable sampled output (default: none)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="keep generating past the end-of-sequence token, up to --max-tokens")
 
 
 def model_ref_from_args(args: argparse.Namespace) -> ModelRef:

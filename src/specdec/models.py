@@ -64,6 +64,7 @@ class ResolvedModel:
     gguf_file: str | None = None
     revision: str | None = None
     label: str = ""
+    hub: bool = False  # source is a hub id (org/name), not a local path
 
 
 def resolve(reference: str) -> ResolvedModel:
@@ -84,7 +85,7 @@ def resolve(reference: str) -> ResolvedModel:
         raise ModelLoadError(f"{reference} is a file but not a .gguf model")
     if _HUB_ID.match(reference):
         name, _, revision = reference.partition("@")
-        return ResolvedModel(name, revision=revision or None, label=reference)
+        return ResolvedModel(name, revision=revision or None, label=reference, hub=True)
     raise ModelLoadError(
         f"model not found: {reference!r} (expected a hub id like org/name[@revision], a local directory, "
         f"a .gguf file, or 'default')"
@@ -239,6 +240,21 @@ def from_pretrained_kwargs(resolved: ResolvedModel) -> dict:
     return kwargs
 
 
+def hub_kwargs(resolved: ResolvedModel) -> dict:
+    """For a hub id: {} online, {"local_files_only": True} when the hub cannot be reached but the model is
+    cached; a ModelLoadError (one line, at once) when it is neither reachable nor cached. {} for local paths."""
+    if not resolved.hub:
+        return {}
+    from . import hub
+
+    decision = hub.access(resolved.source, resolved.revision)
+    if decision.error:
+        raise ModelLoadError(decision.error)
+    if decision.note:
+        _note_once(decision.note)
+    return dict(decision.kwargs)
+
+
 def uses_cuda(device: str) -> bool:
     """Whether a --device value means CUDA: cuda[:N], or auto on a machine with CUDA (the one rule for both)."""
     import torch
@@ -274,17 +290,20 @@ def _load_torch(
     if on_cuda and weight_format not in CUDA_DTYPES:
         raise ModelLoadError(f"weight format {weight_format!r} is a CPU format; on CUDA use bf16 or fp32")
     resolved = torch_source(reference, resolved)
-    kwargs = from_pretrained_kwargs(resolved)
+    kwargs = {**from_pretrained_kwargs(resolved), **hub_kwargs(resolved)}
     dtype = getattr(torch, CUDA_DTYPES[weight_format]) if on_cuda else torch.float32
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(resolved.source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(resolved.source, dtype=dtype, **kwargs)
-    except (OSError, ValueError, ImportError) as exc:
-        raise ModelLoadError(f"could not load {role} model {reference!r}: {exc}") from exc
-    if resolved.gguf_file:
-        drop_gguf_marker(model)
-    if reference in DEFAULT_MODELS and resolved.gguf_file and not on_cuda:
-        save_converted(model, tokenizer, Path(resolved.source) / resolved.gguf_file)
+    from .progress import long_work_bars
+
+    with long_work_bars():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(resolved.source, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(resolved.source, dtype=dtype, **kwargs)
+        except (OSError, ValueError, ImportError) as exc:
+            raise ModelLoadError(f"could not load {role} model {reference!r}: {exc}") from exc
+        if resolved.gguf_file:
+            drop_gguf_marker(model)
+        if reference in DEFAULT_MODELS and resolved.gguf_file and not on_cuda:
+            save_converted(model, tokenizer, Path(resolved.source) / resolved.gguf_file)
     if on_cuda:
         model = model.to(target_device)
     else:

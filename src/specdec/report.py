@@ -167,6 +167,8 @@ def format_generation_report(report: dict) -> str:
         # What a tuned config says where no drafter pays: no speculative run, so no speculative figures.
         lines += ["drafter              none: plain decoding, nothing drafted (give --drafter to speculate)",
                   f"plain decoding       {stats['tokens_per_second']:.2f} tokens/s"]
+        if report.get("ceiling"):
+            lines.append(_ceiling_line(report["ceiling"]))
         if report.get("runtime"):
             lines.append(f"runtime              {report['runtime']}")
         return "\n".join(lines)

@@ -79,8 +79,13 @@ def _cached(key: str, compute) -> dict:
 
 def _run_child(args: list[str]) -> subprocess.CompletedProcess:
     env = dict(os.environ, SPECDEC_LLAMACPP_PROBED="1")
-    return subprocess.run([sys.executable, "-m", "specdec.backends.llamacpp_probe", *args], capture_output=True,
-                          text=True, timeout=PROBE_TIMEOUT, env=env)
+    result = subprocess.run([sys.executable, "-m", "specdec.backends.llamacpp_probe", *args], capture_output=True,
+                            text=True, timeout=PROBE_TIMEOUT, env=env)
+    if result.returncode == -signal.SIGINT:
+        # Ctrl-C reaches the child too (one process group): that says nothing about the library, and a
+        # verdict made of it would be cached for good. Stop as the user asked.
+        raise KeyboardInterrupt
+    return result
 
 
 def _died(result: subprocess.CompletedProcess) -> str:

@@ -109,17 +109,20 @@ def load_trainable_draft(reference: str, dtype: str = "fp32"):
         drop_gguf_marker,
         save_converted,
         from_pretrained_kwargs,
+        hub_kwargs,
         resolve,
         torch_source,
     )
+    from ..progress import long_work_bars
 
     reference = "default-draft" if reference == "default" else reference
     resolved = resolve(reference)
     gguf_path = Path(resolved.source) / resolved.gguf_file if resolved.gguf_file else None
     source = torch_source(reference, resolved)
-    kwargs = {"dtype": DTYPES[dtype], **from_pretrained_kwargs(source)}
+    kwargs = {"dtype": DTYPES[dtype], **from_pretrained_kwargs(source), **hub_kwargs(source)}
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.source, **kwargs)
+        with long_work_bars():
+            model = AutoModelForCausalLM.from_pretrained(source.source, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"could not load draft model {reference!r} for training: {exc}") from exc
     if source.gguf_file:

@@ -21,13 +21,14 @@ from .candidates import (
     parse_drafts,
 )
 from .config_file import RunConfig, argument_defaults, bench_method_name, read_run_config, write_run_config
+from .interval import SpeedupInterval, paired_ratios, speedup_interval
 from .ranking import Recommendation, rank
 from .report import to_markdown, tuned_model_ref, write_outputs
 from .run import TuneResult, rows_from_results, tune
 
 __all__ = [
-    "DRAFTERS", "K_POLICIES", "DraftCandidate", "PolicyChoice", "Recommendation", "RunConfig", "TuneOptions",
-    "TuneResult", "argument_defaults", "bench_method_name", "methods_for", "parse_drafts", "rank",
-    "read_run_config", "rows_from_results", "to_markdown", "tune", "tuned_model_ref", "write_outputs",
-    "write_run_config",
+    "DRAFTERS", "K_POLICIES", "DraftCandidate", "PolicyChoice", "Recommendation", "RunConfig", "SpeedupInterval",
+    "TuneOptions", "TuneResult", "argument_defaults", "bench_method_name", "methods_for", "paired_ratios",
+    "parse_drafts", "rank", "read_run_config", "rows_from_results", "speedup_interval", "to_markdown", "tune",
+    "tuned_model_ref", "write_outputs", "write_run_config",
 ]

@@ -16,6 +16,9 @@ K_POLICIES = ("fixed", "adaptive", "heuristic")
 DEFAULT_DRAFTERS = DRAFTERS
 DEFAULT_K_POLICIES = ("fixed", "adaptive")
 DEFAULT_K_SWEEP = (2, 4)
+# Without --repeats, each prompt is repeated until every configuration has this many paired runs with plain
+# decoding: enough for a confidence interval that is not all noise (t at 4 degrees of freedom is 2.78; at 1, 12.7).
+MIN_PAIRED_RUNS = 5
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,10 @@ class TuneOptions:
     k_max: int = 8  # the adaptive policy's maximum
     heuristic_k: int = 5  # the heuristic policy's starting k
     draft_p_min: float = 0.0
-    # A configuration is recommended only if its measured speedup reaches this: a short run's tokens/s
-    # ratio moves by a few percent from run to run, so "1.01x" is no evidence that drafting helps.
+    # A configuration is recommended only if the confidence interval of its paired speedup lies above 1
+    # (tune/interval.py) and its paired speedup reaches min_speedup: a real but 1.01x gain is not worth a config.
     min_speedup: float = 1.03
+    confidence: float = 0.95  # of the speedup intervals
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "drafters", parse_drafters(self.drafters))
@@ -67,6 +71,8 @@ class TuneOptions:
                 raise ConfigError(f"{name} must be in [1, 64], got {k}")
         if not self.min_speedup > 0:
             raise ConfigError(f"min_speedup must be > 0, got {self.min_speedup}")
+        if not 0.5 <= self.confidence < 1:
+            raise ConfigError(f"confidence must be in [0.5, 1), got {self.confidence}")
 
     def policies(self) -> list[PolicyChoice]:
         out: list[PolicyChoice] = []
@@ -136,7 +142,8 @@ def methods_for(drafters: Sequence[str], options: TuneOptions) -> list[Method]:
 
 
 __all__ = [
-    "DEFAULT_DRAFTERS", "DEFAULT_K_POLICIES", "DEFAULT_K_SWEEP", "DRAFTERS", "K_POLICIES", "MODEL_DRAFTERS",
+    "DEFAULT_DRAFTERS", "DEFAULT_K_POLICIES", "DEFAULT_K_SWEEP", "DRAFTERS", "K_POLICIES", "MIN_PAIRED_RUNS",
+    "MODEL_DRAFTERS",
     "DraftCandidate", "PolicyChoice", "TuneOptions", "candidate_method", "method_name", "methods_for",
     "parse_drafters", "parse_drafts", "parse_policies",
 ]

@@ -8,7 +8,9 @@ from dataclasses import replace
 
 from ..cli_common import add_model_arguments, model_ref_from_args
 from ..config import ConfigError, SamplingParams
-from .candidates import DEFAULT_DRAFTERS, DEFAULT_K_POLICIES, DEFAULT_K_SWEEP, DRAFTERS, K_POLICIES
+from .candidates import (
+    DEFAULT_DRAFTERS, DEFAULT_K_POLICIES, DEFAULT_K_SWEEP, DRAFTERS, K_POLICIES, MIN_PAIRED_RUNS,
+)
 
 
 def register(commands) -> None:
@@ -21,9 +23,10 @@ def register(commands) -> None:
         description=(
             "For every candidate draft model (hub id, directory, .gguf, 'default') and model-free drafter, measure "
             "on your prompts the acceptance per draft position, the cost ratio c and the real speedup over plain "
-            "decoding (same target, same run, greedy) for each k policy; print a ranked table with the Leviathan "
-            "bound beside each measured speedup, flag configurations slower than plain decoding, and write the "
-            "winner (or plain decoding, when nothing helps) as a config file for generate/serve/bench --config."
+            "decoding (same target, same run, greedy) for each k policy, with a confidence interval from the "
+            "interleaved paired runs; print a ranked table with the Leviathan bound beside each speedup, call a "
+            "configuration faster or slower only when its interval says so, and write the winner (or 'do not "
+            "speculate here', drafter none) as a config file for generate/serve/bench --config."
         ),
     )
     add_model_arguments(p, draft=False, config=False)
@@ -52,9 +55,13 @@ def register(commands) -> None:
     p.add_argument("--max-tokens", "-n", dest="max_tokens", type=int, default=128,
                    help="new tokens per prompt (default 128); decoding is greedy")
     p.add_argument("--min-speedup", type=float, default=1.03,
-                   help="recommend a configuration only from this measured speedup on (default 1.03); below it "
-                   "tune recommends plain decoding")
-    p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and configuration (default 1)")
+                   help="recommend a configuration only from this paired speedup on (default 1.03), and only when "
+                   "its confidence interval lies above 1; otherwise tune says not to speculate and writes that")
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="confidence level of each speedup interval (default 0.95)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed runs per prompt and configuration, interleaved with plain decoding (default: enough "
+                   f"for {MIN_PAIRED_RUNS} paired runs per configuration, i.e. 1 from {MIN_PAIRED_RUNS} prompts on)")
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the untimed warm-up runs")
     p.add_argument("--no-chat", dest="chat", action="store_false", default=None,
                    help="raw completion prompts instead of the tokenizer's chat template")
@@ -80,6 +87,7 @@ def options_from_args(args: argparse.Namespace):
     return TuneOptions(
         drafters=args.drafters, k_policies=args.k_policies, k_sweep=parse_k_list(args.k_sweep), k_max=args.k_max,
         heuristic_k=args.heuristic_k, draft_p_min=args.draft_p_min, min_speedup=args.min_speedup,
+        confidence=args.confidence,
     )
 
 
@@ -123,14 +131,27 @@ def run_tune_command(args: argparse.Namespace, target=None, log=None) -> int:
     paths = write_outputs(result, args.out, base_ref=ref, config_path=args.write_config, plot=args.plot)
     print(ranked_table(result))
     print()
-    print(f"recommendation: {result.recommendation.reason}")
-    slower = [f"{row['candidate']} ({row['speedup']:.2f}x)" for row in result.rows if row["slower"]]
-    if slower:
-        print(f"warning: slower than plain decoding, do not use: {'; '.join(slower)}")
+    for line in summary_lines(result, paths.get("config")):
+        print(line)
     for item in result.unusable:
         print(f"not usable with this target: {item['draft']}: {item['reason']}")
     print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
     return 0
 
 
-__all__ = ["options_from_args", "prompts_from_args", "register", "run_tune_command"]
+def summary_lines(result, config_path=None) -> list[str]:
+    """The recommendation (or "do not speculate here") and the warnings, as printed under the table."""
+    from .report import above_bound_text
+
+    rec = result.recommendation
+    lines = [f"recommendation: {rec.reason}"]
+    if not rec.speculate and config_path:
+        lines.append(f"wrote drafter none (plain decoding) to {config_path}")
+    slower = [f"{row['candidate']} ({row['speedup']:.2f}x)" for row in result.rows if row["slower"]]
+    if slower:
+        lines.append(f"warning: slower than plain decoding, do not use: {'; '.join(slower)}")
+    lines += [f"warning: {above_bound_text(row)}" for row in result.rows if row.get("above_bound") is not None]
+    return lines
+
+
+__all__ = ["options_from_args", "prompts_from_args", "register", "run_tune_command", "summary_lines"]

@@ -1,5 +1,6 @@
-"""tune.md, tune.json, tuned.json and the plots: the ranked table with the Leviathan bound beside each measured
-speedup, speedup per task, acceptance per draft position, drafts that could not be used, and the winner's config."""
+"""tune.md, tune.json, tuned.json and the plots: the ranked table with each paired speedup's confidence interval and
+the Leviathan bound beside it, speedup per task, acceptance per draft position, drafts that could not be used, and
+the winner's config (drafter none when the answer is not to speculate)."""
 
 from __future__ import annotations
 
@@ -9,23 +10,50 @@ from pathlib import Path
 from ..bench.report import format_cell, write_results
 from ..config import ModelRef
 from .config_file import write_run_config
+from .ranking import never_drafted
 from .run import TuneResult
 
 
+def interval_cell(row: dict) -> str:
+    """'1.08x [1.02, 1.14]' (paired speedup and its interval), or why there is no interval."""
+    interval = row.get("speedup_interval")
+    if interval:
+        return f"{interval['estimate']:.2f}x [{interval['low']:.2f}, {interval['high']:.2f}]"
+    runs = row.get("paired_runs")
+    return f"{format_cell(row.get('speedup_paired'), '.2f', 'x')} (no interval: {runs} paired run)" \
+        if runs else "–"
+
+
+def above_bound_text(row: dict) -> str:
+    """The warning for a speedup measured above the configuration's own bound."""
+    if never_drafted(row):
+        why = "it never drafted, so it decoded plainly and the difference is timing noise"
+    else:
+        why = ("the bound assumes independent acceptance and exact costs: timing noise, or acceptance that "
+               "comes in runs")
+    return (f"{row['candidate']} measured {row['above_bound']:.2f}x, above its own bound of "
+            f"{row['own_bound']:.2f}x ({why})")
+
+
 def ranked_table(result: TuneResult) -> str:
+    confidence = next((r["speedup_interval"]["confidence"] for r in result.rows if r.get("speedup_interval")), 0.95)
     lines = [
-        ("| rank | draft | drafter | k policy | speedup | Leviathan bound | bound at verify cost | accept rate "
-         "| mean accept len (incl. bonus) | mean k | c | verify cost | greedy identical | verdict |"),
-        "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        (f"| rank | draft | drafter | k policy | speedup | paired speedup [{confidence:.0%} CI] | Leviathan bound "
+         "| bound at verify cost | accept rate | mean accept len (incl. bonus) | mean k | c | verify cost "
+         "| greedy identical | verdict |"),
+        "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in result.rows:
         verdict = row["verdict"]
         if row["slower"] or verdict.startswith("NOT"):
             verdict = f"**{verdict}**"
+        if row.get("above_bound") is not None:
+            verdict += f"; **above its bound of {row['own_bound']:.2f}x**"
         identical = row.get("identical_to_plain")
+        bound = row.get("own_bound", row["leviathan_bound"])  # 1.0 for a configuration that never drafted
         lines.append(
             f"| {row['rank']} | {row['draft'] or '–'} | {row['drafter']} | {_policy(row)} "
-            f"| {format_cell(row['speedup'], '.2f', 'x')} | {format_cell(row['leviathan_bound'], '.2f', 'x')} "
+            f"| {format_cell(row['speedup'], '.2f', 'x')} | {interval_cell(row)} | {format_cell(bound, '.2f', 'x')} "
             f"| {format_cell(row['cost_model_bound'], '.2f', 'x')} | {format_cell(row['acceptance_rate'], '.3f')} "
             f"| {format_cell(row['mean_acceptance_length'])} | {format_cell(row['mean_k'], '.1f')} | {format_cell(row['cost_ratio'], '.3f')} "
             f"| {format_cell(row['verify_cost'])} | {format_cell(identical)}"
@@ -77,12 +105,18 @@ def to_markdown(result: TuneResult, config_path: str | None = None) -> str:
         "",
         f"**Recommendation:** {rec.reason}.",
     ]
-    if config_path:
+    if config_path and rec.speculate:
         lines += ["", f"Written to `{config_path}`: `specdec generate --config {config_path}` (also serve, bench)."]
+    elif config_path:
+        lines += ["", f"Written to `{config_path}` as drafter `none` (plain decoding): `specdec generate --config "
+                      f"{config_path}` decodes plainly (also serve, bench)."]
     slower = [r["candidate"] for r in result.rows if r["slower"]]
     if slower:
-        lines += ["", f"**Slower than plain decoding** (speedup < 1): {'; '.join(slower)}."]
-    lines += ["", "## Ranked by measured speedup", "", ranked_table(result), ""]
+        lines += ["", f"**Slower than plain decoding** (the whole interval below 1): {'; '.join(slower)}."]
+    above = [above_bound_text(r) for r in result.rows if r.get("above_bound") is not None]
+    if above:
+        lines += ["", "**Measured above its own bound:**", ""] + [f"- {text}" for text in above]
+    lines += ["", "## Ranked by what the paired runs show, then by paired speedup", "", ranked_table(result), ""]
     if result.rows and len(info.get("tasks") or []) > 1:
         lines += ["## Speedup per task", "", task_table(result), ""]
     positions = position_table(result)
@@ -97,7 +131,12 @@ def to_markdown(result: TuneResult, config_path: str | None = None) -> str:
         lines += [f"Note: {note}.", ""]
     lines.append(
         "Speedup = tokens/s over plain decoding (our engine without a drafter, same target, same run; prefill "
-        "included). Leviathan bound = (1 - a^(k+1)) / ((1 - a)(k c + 1)) from the measured acceptance a, k (the "
+        "included). Paired speedup = geometric mean over interleaved turns (a prompt and repeat run by plain "
+        "decoding and the configuration one after the other) of their tokens/s ratio, with a Student-t "
+        "confidence interval on its logarithm; prompt-to-prompt differences count as noise. A configuration is "
+        "faster than plain only when it drafted and its whole interval lies above 1, slower only when it lies "
+        "below 1; otherwise it is no faster than plain. Leviathan bound = (1 - a^(k+1)) / ((1 - a)(k c + 1)) "
+        "from the measured acceptance a, k (the "
         "mean drafted length for adaptive and heuristic policies) and cost ratio c; it assumes verifying k+1 "
         "tokens costs one plain step. The bound at verify cost puts the measured verify cost v in place of 1. "
         "Mean acceptance length = 1 + accepted/drafts: tokens per target pass **including the bonus token**. "
@@ -129,8 +168,8 @@ def write_outputs(result: TuneResult, out_dir: str | Path, base_ref: ModelRef | 
         rec = result.recommendation
         paths["config"] = write_run_config(
             config_path, tuned_model_ref(base_ref, result), rec.spec,
-            info={**rec.to_dict(), "leviathan_bound": rec.row.get("leviathan_bound") if rec.row else None,
-                  "prompts": result.info.get("num_prompts"), "tasks": result.info.get("tasks")},
+            info={**rec.to_dict(), "prompts": result.info.get("num_prompts"), "tasks": result.info.get("tasks"),
+                  "repeats": result.info.get("repeats")},
         )
     paths["json"] = out / "tune.json"
     paths["json"].write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n", encoding="utf-8")
@@ -148,4 +187,5 @@ def write_outputs(result: TuneResult, out_dir: str | Path, base_ref: ModelRef | 
     return paths
 
 
-__all__ = ["position_table", "ranked_table", "task_table", "to_markdown", "tuned_model_ref", "write_outputs"]
+__all__ = ["above_bound_text", "interval_cell", "position_table", "ranked_table", "task_table", "to_markdown",
+           "tuned_model_ref", "write_outputs"]

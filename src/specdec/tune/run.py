@@ -3,8 +3,9 @@
 Each draft model is measured in its own bench run on the one loaded target: plain decoding and every
 (drafter x k policy) that uses it, interleaved per prompt with the order rotated and one warm-up each,
 exactly as `specdec bench` measures (the same runner, summary formulas, c, verify cost and Leviathan
-bound). So every speedup is over plain decoding measured in the same run. Model-free drafters (prompt
-lookup) join the first run. Draft models are loaded one at a time and released after their run; one that
+bound). So every speedup is over plain decoding measured in the same run, and each prompt-and-repeat turn
+pairs a configuration's run with plain decoding's: the paired speedup and its confidence interval
+(interval.py) are what the ranking reads. Model-free drafters (prompt lookup) join the first run. Draft models are loaded one at a time and released after their run; one that
 cannot be loaded or whose vocabulary differs from the target's is listed with the reason, not measured.
 """
 
@@ -22,7 +23,8 @@ from ..bench.runner import BenchConfig, run_bench
 from ..config import SamplingParams
 from ..models import ModelLoadError, VocabMismatchError, check_vocab_compatible
 from ..pipeline import SpecDecoder
-from .candidates import MODEL_DRAFTERS, DraftCandidate, TuneOptions, methods_for
+from .candidates import MIN_PAIRED_RUNS, MODEL_DRAFTERS, DraftCandidate, TuneOptions, methods_for
+from .interval import paired_ratios, speedup_interval
 from .ranking import Recommendation, rank
 
 # One bench run builds an engine, with its own KV cache, per configuration; a llama.cpp context holds 16
@@ -35,8 +37,13 @@ _ROW_FIELDS = (
     "speedup", "speedup_geomean", "tokens_per_second", "decode_tokens_per_second", "acceptance_rate",
     "mean_acceptance_length", "acceptance_rate_per_pos", "num_drafts_per_pos", "mean_k", "cost_ratio",
     "cost_ratio_source", "verify_cost", "leviathan_bound", "cost_model_bound", "expected_tokens_per_step",
-    "identical_to_plain", "num_identical_to_plain", "generated_tokens",
+    "identical_to_plain", "num_identical_to_plain", "generated_tokens", "num_drafts",
 )
+
+
+def default_repeats(num_prompts: int) -> int:
+    """Repeats per prompt that give every configuration MIN_PAIRED_RUNS paired runs (1 from that many prompts)."""
+    return max(1, -(-MIN_PAIRED_RUNS // max(num_prompts, 1)))
 
 
 @dataclass
@@ -60,8 +67,9 @@ class TuneResult:
         }
 
 
-def rows_from_results(results: dict, draft: DraftCandidate | None) -> list[dict]:
-    """One row per speculative method of a bench run: its configuration and its summary figures."""
+def rows_from_results(results: dict, draft: DraftCandidate | None, confidence: float = 0.95) -> list[dict]:
+    """One row per speculative method of a bench run: its configuration, its summary figures, and its paired
+    speedup over plain decoding (geometric mean per interleaved turn) with a `confidence` interval."""
     summary = results["summary"]
     plain = summary["overall"].get("plain") or {}
     rows = []
@@ -86,6 +94,11 @@ def rows_from_results(results: dict, draft: DraftCandidate | None) -> list[dict]
         }
         a = row.get("acceptance_rate")
         out["rejection_rate"] = None if a is None else round(1.0 - a, 4)
+        ratios = paired_ratios(results["runs"], name)
+        interval = speedup_interval(ratios, confidence)
+        out["paired_runs"] = len(ratios)
+        out["speedup_paired"] = round(interval.estimate, 4) if interval else (round(ratios[0], 4) if ratios else None)
+        out["speedup_interval"] = interval.to_dict() if interval else None
         out["speedup_per_task"] = {
             task: (summary["per_task"][task].get(name) or {}).get("speedup") for task in summary["tasks"]
         }
@@ -109,16 +122,18 @@ def tune(
     *,
     load_draft: Callable[[str], object] | None = None,
     chat: bool | None = None,
-    repeats: int = 1,
+    repeats: int | None = None,
     warmup: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> TuneResult:
     """Measure every (draft x drafter x k policy) against plain decoding on `prompts` and rank them.
 
     target: a loaded target backend. drafts: candidate draft models, loaded with load_draft(reference)
-    unless they carry a backend. params: greedy by default (max 128 new tokens).
+    unless they carry a backend. params: greedy by default (max 128 new tokens). repeats: timed runs per
+    prompt and configuration, interleaved; None: enough for MIN_PAIRED_RUNS paired runs (default_repeats).
     """
     options = options or TuneOptions()
+    repeats = default_repeats(len(prompts)) if repeats is None else repeats
     params = params or SamplingParams(max_tokens=128)
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     model_drafters = [d for d in options.drafters if d in MODEL_DRAFTERS]
@@ -141,7 +156,7 @@ def tune(
             results = _measure(target, backend, part, prompts, params, chat, repeats, warmup, {"tune_run": name}, log)
             gc.collect()  # the run's engines hold KV caches (llama.cpp sequences): free them before the next
             runs.append({"label": name, "draft": candidate.reference if candidate else None, "results": results})
-            rows.extend(rows_from_results(results, candidate))
+            rows.extend(rows_from_results(results, candidate, options.confidence))
 
     pending_model_free = model_free
     for candidate in drafts if model_drafters else []:
@@ -176,4 +191,5 @@ def tune(
     return TuneResult(ranked, recommendation, unusable, runs, info)
 
 
-__all__ = ["MAX_CONFIGURATIONS_PER_RUN", "TuneResult", "rows_from_results", "tune"]
+__all__ = ["MAX_CONFIGURATIONS_PER_RUN", "MIN_PAIRED_RUNS", "TuneResult", "default_repeats", "rows_from_results",
+           "tune"]
