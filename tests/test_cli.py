@@ -177,11 +177,11 @@ def test_generate_human_report_and_stream_in_process(tiny_pair, capsys):
     assert "speedup" not in report and report["stats"]["num_generated_tokens"] <= 4
 
 
-def test_without_a_draft_model_the_default_drafter_is_prompt_lookup(tiny_pair, capsys):
+def test_without_a_draft_model_the_default_drafter_is_suffix(tiny_pair, capsys):
     target, _draft, _ = tiny_pair
     code = main(["generate", target, "--max-tokens", "3", "--no-chat", "--prompt", "w9 w10", "--json"])
     assert code == 0
-    assert json.loads(capsys.readouterr().out)["spec"]["drafter"] == "prompt_lookup"
+    assert json.loads(capsys.readouterr().out)["spec"]["drafter"] == "suffix"
     # The default pair loads its draft model only where it can pay (CUDA) or when a drafter needs it.
     from specdec.cli_common import model_ref_from_args
 

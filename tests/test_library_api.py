@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def test_a_target_of_ones_own_gets_no_packaged_draft_and_drafts_by_prompt_lookup(monkeypatch):
+def test_a_target_of_ones_own_gets_no_packaged_draft_and_drafts_with_the_suffix_drafter(monkeypatch):
     import specdec
     from specdec.pipeline import SpecDecoder
 
@@ -15,7 +15,7 @@ def test_a_target_of_ones_own_gets_no_packaged_draft_and_drafts_by_prompt_lookup
 
     monkeypatch.setattr(SpecDecoder, "load", classmethod(fake_load))
     decoder = specdec.load("my-model.gguf")
-    assert seen["draft"] is None and decoder.spec.drafter == "prompt_lookup" and decoder.spec.k_policy == "adaptive"
+    assert seen["draft"] is None and decoder.spec.drafter == "suffix" and decoder.spec.k_policy == "adaptive"
     specdec.load()
     assert seen["draft"] == "default"  # the packaged pair stays a pair
     specdec.load("my-model.gguf", draft="default")

@@ -189,12 +189,12 @@ def test_serve_subcommand_is_registered_with_vllm_style_flags(monkeypatch):
     assert cli.build_parser().parse_args(["serve"]).api_key == "from-env"
 
 
-def test_serve_without_a_draft_model_serves_with_prompt_lookup():
+def test_serve_without_a_draft_model_serves_with_the_suffix_drafter():
     from specdec.cli_common import model_ref_from_args, spec_from_args
 
     args = cli.build_parser().parse_args(["serve", "some/model", "--port", "0"])
     ref = model_ref_from_args(args)
-    assert ref.draft is None and spec_from_args(args, has_draft_model=False).drafter == "prompt_lookup"
+    assert ref.draft is None and spec_from_args(args, has_draft_model=False).drafter == "suffix"
 
 
 @pytest.fixture()

@@ -111,7 +111,7 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                         help="drafter: draft_model, prompt_lookup, suffix (a suffix trie over the prompt, the output and "
                         "recent outputs of other requests; draft length follows the match), hybrid (lookup first, draft "
                         "model otherwise) or none (plain decoding). Default: draft_model when a draft model is given "
-                        "(--draft, or the default pair on CUDA), else prompt_lookup")
+                        "(--draft, or the default pair on CUDA), else suffix")
     parser.add_argument("--k-policy", choices=("fixed", "adaptive", "heuristic"), default="adaptive",
                         help="how k is chosen per step: adaptive (default: a cost model of measured acceptance and "
                         "timings, k from 0 up to -k; k = 0 when drafting does not pay on this machine), fixed, or "
@@ -199,9 +199,10 @@ def default_pair_drafts_with_model(args: argparse.Namespace) -> bool:
 
 
 def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfig:
-    # No --drafter: the draft model when one is loaded, else prompt lookup (model-free; with the adaptive
-    # policy it drafts only where copying from the context pays at the measured costs).
-    drafter = args.drafter or ("draft_model" if has_draft_model else "prompt_lookup")
+    # No --drafter: the draft model when one is loaded, else the suffix drafter (model-free; with the adaptive
+    # policy it drafts only where copying pays at the measured costs). Measured best of the model-free ones on
+    # the 2-core CPU: benchmarks/suffix-2core.
+    drafter = args.drafter or ("draft_model" if has_draft_model else "suffix")
     lookup = {name: getattr(args, name) for name in ("lookup_min_ngram", "lookup_max_ngram")
               if getattr(args, name, None) is not None}  # no flags: only a --config file sets them
     return SpecConfig(

@@ -15,10 +15,10 @@ class SpecDecoder:
     def __init__(self, target, draft=None, spec: SpecConfig | None = None):
         self.target = target
         self.draft = draft
-        # No spec: the draft model when there is one, else prompt lookup with adaptive k (the CLI's default too):
-        # it costs nothing where it finds no match, and the policy drafts only where copying pays.
+        # No spec: the draft model when there is one, else the suffix drafter with adaptive k (the CLI's default
+        # too): it costs microseconds where it finds no match, and the policy drafts only where copying pays.
         self.spec = spec or (SpecConfig(drafter="draft_model") if draft is not None
-                             else SpecConfig(drafter="prompt_lookup", k_policy="adaptive"))
+                             else SpecConfig(drafter="suffix", k_policy="adaptive"))
         self.tokenizer = getattr(target, "tokenizer", None)
         self._engines: dict[SpecConfig, SpeculativeEngine] = {}
 

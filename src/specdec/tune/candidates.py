@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from ..bench.methods import Method
 from ..config import ConfigError, SpecConfig
 
-# Drafters that read a draft model; prompt lookup needs none.
+# Drafters that read a draft model; prompt lookup and the suffix drafter need none.
 MODEL_DRAFTERS = ("draft_model", "hybrid")
-DRAFTERS = ("draft_model", "prompt_lookup", "hybrid")
+DRAFTERS = ("draft_model", "prompt_lookup", "suffix", "hybrid")
 K_POLICIES = ("fixed", "adaptive", "heuristic")
 DEFAULT_DRAFTERS = DRAFTERS
 DEFAULT_K_POLICIES = ("fixed", "adaptive")

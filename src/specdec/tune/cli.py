@@ -35,7 +35,7 @@ def register(commands) -> None:
                    "0.5B draft). Default: 'default' for the default target, else none (model-free drafters only)")
     p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS),
                    help=f"comma-separated drafters from {', '.join(DRAFTERS)} (default: all); draft_model and "
-                   "hybrid run with every draft model, prompt_lookup once")
+                   "hybrid run with every draft model, prompt_lookup and suffix once")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompts", default=None,
                         help="JSONL file of your prompts: one {\"prompt\": ...} (or \"text\"/\"instruction\") object "

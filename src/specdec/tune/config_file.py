@@ -90,7 +90,7 @@ def bench_method_name(spec: SpecConfig) -> str | None:
     if drafter == "draft_model":
         return {"fixed": f"spec_k{spec.num_speculative_tokens}", "adaptive": "adaptive",
                 "heuristic": "heuristic"}.get(policy)
-    if drafter in ("prompt_lookup", "hybrid"):
+    if drafter in ("prompt_lookup", "suffix", "hybrid"):
         return {"fixed": drafter, "adaptive": f"{drafter}_adaptive"}.get(policy)
     return None
 
