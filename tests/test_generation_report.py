@@ -42,6 +42,48 @@ def test_where_greedy_outputs_part_is_printed():
     assert "runtime              llama.cpp AVX2" in text
 
 
+def test_the_speedup_comes_with_its_interval_and_a_verdict():
+    out = report(drafted=8)
+    assert "one pair of runs: no estimate of its noise" in format_generation_report(out)
+    out["speedup_interval"] = {"estimate": 1.09, "low": 0.97, "high": 1.22, "pairs": 3, "confidence": 0.95}
+    text = format_generation_report(out)
+    assert "1.09x  [0.97, 1.22] (95% interval, 3 interleaved pairs of runs): within noise of plain decoding" in text
+    out["speedup_interval"] = {"estimate": 1.2, "low": 1.1, "high": 1.3, "pairs": 3, "confidence": 0.95}
+    assert "faster than plain decoding" in format_generation_report(out)
+    out["speedup_interval"] = {"estimate": 0.8, "low": 0.7, "high": 0.9, "pairs": 3, "confidence": 0.95}
+    assert "slower than plain decoding" in format_generation_report(out)
+
+
+def test_generate_pairs_its_runs_in_alternating_order(monkeypatch):
+    """Three repeats: the first speculative run, then plain; then pairs P S and S P (drift hits both alike)."""
+    from specdec import report as report_module
+
+    calls = []
+
+    class Engine:
+        def __init__(self, name, rate):
+            self.name, self.rate = name, rate
+
+        drafter = None
+
+        def generate(self, prompt, params):
+            calls.append(self.name)
+
+            class Stats:
+                tokens_per_second = self.rate
+            return type("Result", (), {"stats": Stats})()
+
+    class Decoder:
+        def plain_engine(self):
+            return Engine("plain", 10.0)
+
+        def engine(self, spec):
+            return Engine("spec", 12.0)
+
+    ratios = report_module._more_pairs(Decoder(), [1, 2], None, None, 2)
+    assert calls == ["plain", "spec", "spec", "plain"] and ratios == [1.2, 1.2]
+
+
 def test_the_machines_ceiling_is_printed_from_the_measured_curve():
     out = report(drafted=8)
     out["ceiling"] = {"speedup": 1.449, "k": 3, "draft_cost_ratio": 0.0,

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="send the prompt raw instead of through the tokenizer's chat template")
     gen.add_argument("--no-compare", dest="compare", action="store_false",
                      help="skip the plain-decoding run (no speedup figure)")
+    gen.add_argument("--repeats", type=int, default=3,
+                     help="speculative and plain runs each for the speedup, interleaved in pairs, reported with a "
+                     "95%% interval (default 3; 1: one pair, no interval)")
     gen.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     gen.add_argument("--json", action="store_true", help="print the result and statistics as JSON")
     gen.set_defaults(handler=_run_generate)
@@ -112,6 +115,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     from .report import GenerationInterrupted, format_generation_report, generation_report
 
     validate_early(args)
+    if not 1 <= args.repeats <= 100:
+        raise UserError(f"--repeats must be in [1, 100], got {args.repeats}")
     if args.prompt_file:
         try:
             with open(args.prompt_file, encoding="utf-8") as handle:
@@ -130,7 +135,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     # --drafter none (e.g. a tuned config that found no draft worth it): plain decoding, nothing to compare.
     try:
         report = generation_report(decoder, prompt_ids, params, spec, compare=args.compare and not plain_only,
-                                   stream=streaming)
+                                   stream=streaming, repeats=args.repeats)
     except GenerationInterrupted as stop:
         # Ctrl-C keeps what was generated: streamed already, or printed now (main says how much, exit 130).
         if args.json:

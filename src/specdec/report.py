@@ -8,6 +8,7 @@ from .config import SamplingParams, SpecConfig
 from .calibration import machine_ceiling
 from .kvcache import common_prefix_length
 from .metrics import leviathan_speedup
+from .intervals import speedup_interval
 
 
 def _warm_up(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig) -> None:
@@ -41,8 +42,14 @@ class GenerationInterrupted(KeyboardInterrupt):
 
 
 def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig, compare: bool = True,
-                      stream: bool = False) -> dict:
-    """Run speculative (and, when compare, plain) decoding; return text and every figure we print."""
+                      stream: bool = False, repeats: int = 3, confidence: float = 0.95) -> dict:
+    """Run speculative (and, when compare, plain) decoding; return text and every figure we print.
+
+    With compare, speculative and plain decoding run `repeats` times each, interleaved in pairs whose order
+    alternates (S P, P S, S P, ...), so drift and other load hit both alike; the speedup is the geometric
+    mean of the paired ratios with a Student-t interval (intervals.py). The text and the statistics
+    are the first speculative run's.
+    """
     engine = decoder.engine(spec)
     engine.check_request(prompt_ids, params)  # refuse with the user's numbers, not the warm-up's
     _warm_up(decoder, prompt_ids, params, spec)
@@ -83,6 +90,16 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
         report["plain"] = plain.stats.to_dict()
         report["speedup"] = round(stats.tokens_per_second / plain.stats.tokens_per_second, 3) \
             if plain.stats.tokens_per_second else None
+        if stats.num_draft_tokens and report["speedup"]:
+            ratios = [report["speedup"]]
+            try:
+                ratios += _more_pairs(decoder, prompt_ids, params, spec, repeats - 1)
+            except KeyboardInterrupt as exc:
+                raise GenerationInterrupted(report["text"], len(tokens), complete=True) from exc
+            interval = speedup_interval(ratios, confidence)
+            report["speedup_runs"] = [round(r, 3) for r in ratios]
+            if interval is not None:
+                report["speedup_interval"] = interval.to_dict()
         report["cost_ratio"] = round(cost_ratio, 4)
         # Adaptive k and the confidence stop shorten drafts, so the bound uses the mean drafted length.
         mean_k = stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else 0.0
@@ -108,6 +125,34 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
         report["ceiling"] = {"speedup": round(ceiling, 3), "k": ceiling_k, "draft_cost_ratio": round(c, 4),
                              "pass_ms": {size: round(cost * 1000, 2) for size, cost in sorted(curve.items())}}
     return report
+
+
+def _more_pairs(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig, count: int) -> list[float]:
+    """`count` more paired runs (speculative tokens/s over plain's), the order alternating from plain-first."""
+    ratios = []
+    for index in range(count):
+        runs = {}
+        order = ("plain", "spec") if index % 2 == 0 else ("spec", "plain")
+        for name in order:
+            engine = decoder.plain_engine() if name == "plain" else decoder.engine(spec)
+            forget = getattr(engine.drafter, "forget", None)
+            if forget is not None:
+                forget()  # each run drafts as the first did: not from what earlier runs of this prompt wrote
+            runs[name] = engine.generate(prompt_ids, params).stats.tokens_per_second
+        if runs["plain"] > 0 and runs["spec"] > 0:
+            ratios.append(runs["spec"] / runs["plain"])
+    return ratios
+
+
+def _speedup_line(report: dict) -> str:
+    interval = report.get("speedup_interval")
+    if interval is None:
+        return f"speedup              {report['speedup']:.2f}x  (one pair of runs: no estimate of its noise)"
+    low, high = interval["low"], interval["high"]
+    verdict = ("within noise of plain decoding" if low <= 1.0 <= high
+               else "faster than plain decoding" if low > 1.0 else "slower than plain decoding")
+    return (f"speedup              {interval['estimate']:.2f}x  [{low:.2f}, {high:.2f}] "
+            f"({interval['confidence']:.0%} interval, {interval['pairs']} interleaved pairs of runs): {verdict}")
 
 
 def _runtime(decoder) -> str | None:
@@ -188,12 +233,14 @@ def format_generation_report(report: dict) -> str:
         why = ("the adaptive policy found that drafting does not pay at the costs it measured here"
                if report["spec"]["k_policy"] == "adaptive" else "the drafter proposed nothing")
         lines.append(f"drafts               none: {why}; every step was a plain one")
-    lines.append(f"speculative          {stats['tokens_per_second']:.2f} tokens/s")
+    first = "  (first pair of runs)" if len(report.get("speedup_runs", ())) > 1 else ""
+    lines.append(f"speculative          {stats['tokens_per_second']:.2f} tokens/s{first}")
     if "plain" in report:
-        lines.append(f"plain decoding       {report['plain']['tokens_per_second']:.2f} tokens/s (same weights, same run)")
+        lines.append(f"plain decoding       {report['plain']['tokens_per_second']:.2f} tokens/s (same weights, same run)"
+                     + first)
         if drafted:
             lines += [
-                f"speedup              {report['speedup']:.2f}x",
+                _speedup_line(report),
                 f"cost ratio c         {report['cost_ratio']:.3f}  (drafting time per draft token / target forward)",
                 f"Leviathan bound      {report['leviathan_bound']:.2f}x  (from measured acceptance and c)",
             ]

@@ -321,6 +321,11 @@ class SuffixDrafter:
     def accepted(self, num_accepted: int, num_proposed: int) -> None:
         pass  # the tries only ever hold the engine's context: accepted tokens
 
+    def forget(self) -> None:
+        """Drop the cross-request cache (a repeated measurement must not draft from its own earlier runs)."""
+        if self.cache is not None:
+            self.cache.clear()
+
     def observe(self, context: Sequence[int]) -> None:
         """Put this request's output into the cross-request cache (the prompt is not: it is the user's)."""
         if self.cache is not None:

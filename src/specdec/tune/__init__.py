@@ -21,7 +21,7 @@ from .candidates import (
     parse_drafts,
 )
 from .config_file import RunConfig, argument_defaults, bench_method_name, read_run_config, write_run_config
-from .interval import SpeedupInterval, paired_ratios, speedup_interval
+from ..intervals import SpeedupInterval, paired_ratios, speedup_interval
 from .ranking import Recommendation, rank
 from .report import to_markdown, tuned_model_ref, write_outputs
 from .run import TuneResult, rows_from_results, tune

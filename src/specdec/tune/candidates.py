@@ -57,7 +57,7 @@ class TuneOptions:
     heuristic_k: int = 5  # the heuristic policy's starting k
     draft_p_min: float = 0.0
     # A configuration is recommended only if the confidence interval of its paired speedup lies above 1
-    # (tune/interval.py) and its paired speedup reaches min_speedup: a real but 1.01x gain is not worth a config.
+    # (intervals.py) and its paired speedup reaches min_speedup: a real but 1.01x gain is not worth a config.
     min_speedup: float = 1.03
     confidence: float = 0.95  # of the speedup intervals
 

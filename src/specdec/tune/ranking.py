@@ -2,7 +2,7 @@
 do not speculate); pure.
 
 A configuration counts as faster than plain decoding only when it drafted and the confidence interval of its
-paired speedup (tune/interval.py) lies above 1; as slower only when the interval lies below 1; otherwise it
+paired speedup (intervals.py) lies above 1; as slower only when the interval lies below 1; otherwise it
 is no faster than plain. Ranked by that first, then by the paired speedup. A speedup above the
 configuration's own Leviathan bound (1.0 for one that never drafted: it decoded plainly) is flagged.
 """

@@ -24,7 +24,7 @@ from ..config import SamplingParams
 from ..models import ModelLoadError, VocabMismatchError, check_vocab_compatible
 from ..pipeline import SpecDecoder
 from .candidates import MIN_PAIRED_RUNS, MODEL_DRAFTERS, DraftCandidate, TuneOptions, methods_for
-from .interval import paired_ratios, speedup_interval
+from ..intervals import paired_ratios, speedup_interval
 from .ranking import Recommendation, rank
 
 # One bench run builds an engine, with its own KV cache, per configuration; a llama.cpp context holds 16
