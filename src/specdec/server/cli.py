@@ -33,7 +33,8 @@ def register(commands) -> None:
                        "authentication)")
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="model name(s) clients send in 'model' (default: the target model argument)")
-    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                       help="log level of the server and uvicorn (default info)")
     serve.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
                        help=f"largest request body accepted; larger is 413 (default {DEFAULT_MAX_REQUEST_BYTES}, "
                        "8 MiB)")
