@@ -81,6 +81,22 @@ def sequence_distribution(probs: torch.Tensor, start: int, length: int) -> dict[
     return out
 
 
+def sampled_counts(engine, prompt: Sequence[int], params: dict, draws: int):
+    """Generate once per seed 0..draws-1; return (Counter of output tuples, accepted tokens, drafted tokens)."""
+    from collections import Counter
+
+    from specdec.config import SamplingParams
+
+    counts: Counter = Counter()
+    accepted = drafted = 0
+    for seed in range(draws):
+        result = engine.generate(prompt, SamplingParams(seed=seed, **params))
+        counts[tuple(result.tokens)] += 1
+        accepted += result.stats.num_accepted_tokens
+        drafted += result.stats.num_draft_tokens
+    return counts, accepted, drafted
+
+
 def chi_square_pvalue(counts: dict, expected: dict[tuple[int, ...], float], total: int) -> float:
     """Pearson chi-square goodness of fit, pooling cells with expected count < 5 into one."""
     from scipy.stats import chi2

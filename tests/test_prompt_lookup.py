@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch
 from markov_backend import (  # noqa: F401
     MarkovBackend,
     chi_square_pvalue,
+    sampled_counts,
     one_torch_thread,
     random_table,
     sequence_distribution,
@@ -180,14 +180,8 @@ def test_sampled_output_is_distributed_as_the_target():
     prompt = [0, 1, 2, 0, 1, 2, 0, 1]
     params = {"temperature": 1.0, "max_tokens": 3, "ignore_eos": True}
     engine = _engine(target, k=3)
-    counts: Counter = Counter()
     draws = 3000
-    accepted = drafts = 0
-    for seed in range(draws):
-        result = engine.generate(prompt, SamplingParams(seed=seed, **params))
-        counts[tuple(result.tokens)] += 1
-        accepted += result.stats.num_accepted_tokens
-        drafts += result.stats.num_draft_tokens
+    counts, accepted, drafts = sampled_counts(engine, prompt, params, draws)
     expected = sequence_distribution(target.probs(), start=prompt[-1], length=3)
     assert chi_square_pvalue(counts, expected, draws) > 1e-3
     assert 0 < accepted < drafts  # both acceptances and rejections were exercised

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from markov_backend import MarkovBackend, chi_square_pvalue, random_table, sequence_distribution
+from markov_backend import MarkovBackend, chi_square_pvalue, random_table, sampled_counts, sequence_distribution
 from specdec.config import ConfigError, SamplingParams, SpecConfig
 from specdec.drafters import available_drafters, create_drafter
 from specdec.drafters.suffix import SuffixCache, SuffixDrafter, SuffixTrie
@@ -159,14 +159,8 @@ def test_sampled_output_is_distributed_as_the_target():
     prompt = [0, 1, 2, 0, 1, 2, 0, 1]
     params = {"temperature": 1.0, "max_tokens": 3, "ignore_eos": True}
     engine = _engine(target, k=3, suffix_max_offset=2)
-    counts: Counter = Counter()
     draws = 3000
-    accepted = drafts = 0
-    for seed in range(draws):
-        result = engine.generate(prompt, SamplingParams(seed=seed, **params))
-        counts[tuple(result.tokens)] += 1
-        accepted += result.stats.num_accepted_tokens
-        drafts += result.stats.num_draft_tokens
+    counts, accepted, drafts = sampled_counts(engine, prompt, params, draws)
     expected = sequence_distribution(target.probs(), start=prompt[-1], length=3)
     assert chi_square_pvalue(counts, expected, draws) > 1e-3
     assert 0 < accepted < drafts  # both acceptances and rejections were exercised
