@@ -156,7 +156,7 @@ def test_generate_json_end_to_end(tiny_pair, tmp_path):
     assert isinstance(report["speedup"], float) and report["speedup"] > 0
     assert report["identical_to_plain"] is True
     assert report["plain"]["num_generated_tokens"] == 8
-    assert report["spec"] == {"drafter": "draft_model", "k": 3, "k_policy": "fixed"}
+    assert report["spec"] == {"drafter": "draft_model", "k": 3, "k_policy": "fixed", "why": "the default with a draft model"}
     assert "cost_ratio" in report and "leviathan_bound" in report
     words = report["text"].split()  # special tokens are skipped when decoding; the rest are w<id>
     assert 0 < len(words) <= 8 and all(w.startswith("w") for w in words), report["text"]
@@ -181,7 +181,8 @@ def test_without_a_draft_model_the_default_drafter_is_suffix(tiny_pair, capsys):
     target, _draft, _ = tiny_pair
     code = main(["generate", target, "--max-tokens", "3", "--no-chat", "--prompt", "w9 w10", "--json"])
     assert code == 0
-    assert json.loads(capsys.readouterr().out)["spec"]["drafter"] == "suffix"
+    spec = json.loads(capsys.readouterr().out)["spec"]
+    assert spec["drafter"] == "suffix" and spec["why"] == "the default without a draft model (model-free)"
     # The default pair loads its draft model only where it can pay (CUDA) or when a drafter needs it.
     from specdec.cli_common import model_ref_from_args
 

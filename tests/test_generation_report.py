@@ -40,6 +40,9 @@ def test_where_greedy_outputs_part_is_printed():
     text = format_generation_report(report(drafted=8, identical=False))
     assert "NO: from generated token 7" in text and "0.0123" in text and "--exact" in text
     assert "runtime              llama.cpp AVX2" in text
+    out = report(drafted=8)
+    out["spec"]["why"] = "the default without a draft model (model-free)"
+    assert "(adaptive); the default without a draft model (model-free)" in format_generation_report(out)
 
 
 def test_the_speedup_comes_with_its_interval_and_a_verdict():

@@ -146,6 +146,9 @@ def _run_generate(args: argparse.Namespace) -> int:
         elif not streaming:
             print(stop.text)
         raise
+    if args.drafter is None:  # say why this drafter: the user did not choose it
+        report["spec"]["why"] = ("the default with a draft model" if decoder.draft is not None
+                                 else "the default without a draft model (model-free)")
     if args.json:
         import json
 

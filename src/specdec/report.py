@@ -217,8 +217,9 @@ def format_generation_report(report: dict) -> str:
         if report.get("runtime"):
             lines.append(f"runtime              {report['runtime']}")
         return "\n".join(lines)
+    why = f"; {report['spec']['why']}" if report["spec"].get("why") else ""
     lines.append(
-        f"drafter              {report['spec']['drafter']}, k={report['spec']['k']} ({report['spec']['k_policy']})")
+        f"drafter              {report['spec']['drafter']}, k={report['spec']['k']} ({report['spec']['k_policy']}){why}")
     drafted = stats.get("num_draft_tokens", 0) > 0
     if drafted:
         lines += [
