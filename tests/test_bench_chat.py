@@ -319,3 +319,51 @@ def test_the_default_pair_brings_its_draft_model_only_for_methods_that_need_one(
     assert draft_of("plain,llamacpp_spec") == "default-draft"
     assert draft_of("plain,hybrid_adaptive") == "default-draft"
     assert draft_of("plain", "--draft", "other.gguf") == "other.gguf"  # the user's draft wins
+
+
+# -- multi-turn (--turns 2) ---------------------------------------------------------------------------------
+
+def test_second_turns_follow_their_first_and_the_limit_counts_questions(tmp_path):
+    path = _write_lines(
+        tmp_path / "q.jsonl",
+        {"question_id": 1, "category": "writing", "turns": ["w1 w2", "w5 w6"]},
+        {"question_id": 2, "category": "writing", "turns": ["w7", "w8"]},
+        {"question_id": 3, "category": "rag", "turns": ["w9"]},  # one turn: nothing to add
+    )
+    prompts = select_prompts(None, path, limit=1, turns=2)
+    assert [(p.task, p.id, p.text, p.earlier_ids) for p in prompts] == [
+        ("writing", "1", "w1 w2", ()), ("writing", "1-turn2", "w5 w6", ("1",)), ("rag", "3", "w9", ()),
+    ]
+    assert [p.id for p in select_prompts(None, path, limit=None, turns=1)] == ["1", "2", "3"]
+    with pytest.raises(DatasetError, match="turns"):
+        select_prompts(None, path, limit=None, turns=0)
+
+
+def _two_turn_run(tmp_path, methods_text):
+    from conftest import tiny_qwen2, tiny_tokenizer
+
+    from specdec.backends.transformers_backend import TransformersBackend
+    from specdec.bench.runner import BenchConfig, run_bench
+    from specdec.config import SamplingParams
+
+    tokenizer = tiny_tokenizer()
+    decoder = SpecDecoder(TransformersBackend(tiny_qwen2(0), tokenizer, max_context=512), None)
+    path = _write_lines(tmp_path / "q.jsonl", {"question_id": 7, "category": "writing", "turns": ["w4 w5 w6", "w9 w10"]})
+    methods, _ = resolve_methods(methods_text, MethodOptions(), has_draft_model=False)
+    methods = [m for m in methods if m.name in methods_text.split(",")]  # resolve_methods always adds plain
+    config = BenchConfig(methods=methods, params=SamplingParams(max_tokens=6, ignore_eos=True), warmup=False, chat=False)
+    return decoder, run_bench(decoder, select_prompts(None, path, None, turns=2), config, log=lambda m: None)
+
+
+def test_a_second_turn_runs_on_the_conversation_with_plain_decodings_answer(tmp_path):
+    decoder, results = _two_turn_run(tmp_path, "plain,suffix_adaptive")
+    first, second = results["outputs"]["writing/7"], results["outputs"]["writing/7-turn2"]
+    conversation = f"w4 w5 w6\n{first['plain_text']}\n\nw9 w10"
+    assert second["prompt_tokens"] == len(decoder.encode(conversation, chat=False))
+    assert {(r["prompt_id"], r["method"]) for r in results["runs"]} == {
+        (q, m) for q in ("7", "7-turn2") for m in ("plain", "suffix_adaptive")}
+
+
+def test_second_turns_need_the_plain_method(tmp_path):
+    with pytest.raises(ValueError, match="plain method"):
+        _two_turn_run(tmp_path, "suffix_adaptive")

@@ -42,6 +42,10 @@ def register(commands) -> None:
     bench.add_argument("--limit", type=int, default=None,
                        help="the first N prompts of each task: N HumanEval problems per HumanEval task, N "
                        "questions per Spec-Bench category, N per task of --prompts (default: all)")
+    bench.add_argument("--turns", type=int, default=1,
+                       help="Spec-Bench turns per question (default 1; 2: each second turn runs right after its "
+                       "first, on the conversation so far, with plain decoding's answer to the first turn; needs "
+                       "the plain method)")
     bench.add_argument(
         "--methods", default=None,
         help=f"comma-separated methods from: {', '.join(FAMILIES)} (default: {','.join(DEFAULT_METHODS)}; "
@@ -124,6 +128,8 @@ def validate_bench_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    if not 1 <= getattr(args, "turns", 1) <= 8:
+        raise ConfigError(f"--turns must be in [1, 8], got {args.turns}")
     parse_thread_list(args.threads)
     if args.tasks is not None:
         parse_tasks(args.tasks)
@@ -166,7 +172,7 @@ def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
 
     try:
         validate_bench_args(args)
-        prompts = select_prompts(args.tasks, getattr(args, "prompts", None), args.limit)
+        prompts = select_prompts(args.tasks, getattr(args, "prompts", None), args.limit, getattr(args, "turns", 1))
     except DatasetError as exc:
         raise ConfigError(str(exc)) from exc
     if decoder is not None and len(thread_counts) > 1:

@@ -37,6 +37,11 @@ class BenchPrompt:
     id: str
     text: str  # the user message (sent through the chat template when the tokenizer has one)
     completion_text: str  # the same request as a raw completion prompt (--no-chat)
+    # Multi-turn (Spec-Bench's second turns): the user's later turns of this conversation, not yet asked ...
+    later_turns: tuple[str, ...] = ()
+    # ... and, for a later turn, the earlier turns' prompt ids in order: the conversation so far is each of
+    # those user turns followed by the answer plain decoding gave it in the same run (bench/runner.py).
+    earlier_ids: tuple[str, ...] = ()
 
 
 def humaneval_path() -> Path:
@@ -189,14 +194,16 @@ def limit_per_task(prompts: list[BenchPrompt], limit: int | None) -> list[BenchP
     return kept
 
 
-def select_prompts(tasks: str | None, prompts_file: str | Path | None, limit: int | None) -> list:
+def select_prompts(tasks: str | None, prompts_file: str | Path | None, limit: int | None, turns: int = 1) -> list:
     """The bench's prompts: the --tasks ones (the default tasks unless only a file is given), then the file's,
-    each cut to `limit` per task. Every (task, id) must be unique: runs are paired across methods by it."""
+    each cut to `limit` per task (counting first turns), then, with turns > 1, each Spec-Bench question's later
+    turns after it. Every (task, id) must be unique: runs are paired across methods by it."""
     prompts: list[BenchPrompt] = []
     if tasks is not None or prompts_file is None:
         prompts += load_tasks(parse_tasks(tasks), limit)
     if prompts_file is not None:
         prompts += limit_per_task(load_prompt_file(prompts_file), limit)
+    prompts = with_later_turns(prompts, turns)
     seen: set[tuple[str, str]] = set()
     for prompt in prompts:
         if (prompt.task, prompt.id) in seen:
@@ -274,7 +281,27 @@ def spec_bench_prompt(record: dict, where: str = "Spec-Bench question") -> Bench
     if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
         raise DatasetError(f"{where}: 'turns' must be a list whose first item is the user's first message "
                            f"(a non-empty string), got {str(turns)[:80]}")
-    return BenchPrompt(category.strip(), str(question_id), turns[0], turns[0])
+    later = tuple(t for t in turns[1:] if isinstance(t, str) and t.strip())
+    return BenchPrompt(category.strip(), str(question_id), turns[0], turns[0], later_turns=later)
+
+
+def with_later_turns(prompts: list[BenchPrompt], turns: int) -> list[BenchPrompt]:
+    """Each prompt followed by up to turns - 1 of its later turns (id '<id>-turn<n>'), in conversation order.
+
+    A later turn's prompt is the conversation so far: the runner builds it from the earlier turns and the
+    answers plain decoding gave them, so the bench must run `plain`.
+    """
+    if turns < 1:
+        raise DatasetError(f"turns must be >= 1, got {turns}")
+    expanded: list[BenchPrompt] = []
+    for prompt in prompts:
+        expanded.append(prompt)
+        earlier = [prompt.id]
+        for number, text in enumerate(prompt.later_turns[: turns - 1], start=2):
+            expanded.append(BenchPrompt(prompt.task, f"{prompt.id}-turn{number}", text, text,
+                                        earlier_ids=tuple(earlier)))
+            earlier.append(f"{prompt.id}-turn{number}")
+    return expanded
 
 
 __all__ = [
@@ -293,4 +320,5 @@ __all__ = [
     "select_prompts",
     "spec_bench_path",
     "spec_bench_prompt",
+    "with_later_turns",
 ]

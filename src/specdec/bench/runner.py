@@ -251,10 +251,37 @@ class BenchRunner:
 
     # -- the whole benchmark ------------------------------------------------------------------------------
 
-    def encode(self, prompt: BenchPrompt) -> list[int]:
-        if self.config.chat is False or (self.config.chat is None and not _has_chat_template(self.decoder)):
-            return self.decoder.encode(prompt.completion_text, chat=False)
-        return self.decoder.encode(prompt.text, chat=True)
+    def encode(self, prompt: BenchPrompt, history: Sequence[tuple[BenchPrompt, str]] = ()) -> list[int]:
+        """The prompt's ids; history: the conversation before it, (earlier turn, the answer it got) in order."""
+        chat = not (self.config.chat is False or (self.config.chat is None and not _has_chat_template(self.decoder)))
+        if not history:
+            return self.decoder.encode(prompt.text, chat=True) if chat else \
+                self.decoder.encode(prompt.completion_text, chat=False)
+        if chat:
+            messages = [message for turn, answer in history for message in
+                        ({"role": "user", "content": turn.text}, {"role": "assistant", "content": answer})]
+            return self.decoder.encode_chat(messages + [{"role": "user", "content": prompt.text}])
+        text = "\n\n".join(f"{turn.completion_text}\n{answer}" for turn, answer in history)
+        return self.decoder.encode(f"{text}\n\n{prompt.completion_text}", chat=False)
+
+    def _later_turn_ids(self, prompt: BenchPrompt, by_key: dict, outputs: dict, limit: int,
+                        skipped: list) -> list[int] | None:
+        """A later turn's ids: its earlier turns with plain decoding's answers, then it; None (and a skipped
+        record) when an earlier turn did not run or the conversation does not fit the context."""
+        history = []
+        for earlier_id in prompt.earlier_ids:
+            key = f"{prompt.task}/{earlier_id}"
+            if key not in outputs or key not in by_key:
+                skipped.append({"task": prompt.task, "id": prompt.id, "prompt_tokens": None,
+                                "reason": f"its earlier turn {earlier_id} was not run"})
+                return None
+            history.append((by_key[key], outputs[key]["plain_text"]))
+        ids = self.encode(prompt, history)
+        if len(ids) + self.config.params.max_tokens > limit:
+            skipped.append({"task": prompt.task, "id": prompt.id, "prompt_tokens": len(ids),
+                            "reason": f"the conversation + max_tokens exceeds the context of {limit}"})
+            return None
+        return ids
 
     def _describe_mismatches(self, batch: list[dict], tokens: dict[str, list[int]]) -> None:
         """For a greedy mismatch keep both token lists and the first differing tokens as text, to debug it."""
@@ -292,25 +319,34 @@ class BenchRunner:
         params = config.params
         methods = config.methods
         limit = self.decoder.target.max_context
-        encoded: list[tuple[BenchPrompt, list[int]]] = []
+        if any(p.earlier_ids for p in prompts) and "plain" not in [m.name for m in methods]:
+            raise ValueError("later turns are built from plain decoding's answers to the earlier ones: add the "
+                             "plain method, or run first turns only")
+        # A later turn is encoded when its turn comes, from the answers its earlier turns got (None until then).
+        encoded: list[tuple[BenchPrompt, list[int] | None]] = []
         skipped_prompts = []
         for prompt in prompts:
-            ids = self.encode(prompt)
-            if len(ids) + params.max_tokens > limit:
+            ids = None if prompt.earlier_ids else self.encode(prompt)
+            if ids is not None and len(ids) + params.max_tokens > limit:
                 skipped_prompts.append({"task": prompt.task, "id": prompt.id, "prompt_tokens": len(ids),
                                         "reason": f"prompt + max_tokens exceeds the context of {limit}"})
                 continue
             encoded.append((prompt, ids))
-        if not encoded:
+        if not any(ids is not None for _, ids in encoded):
             raise ValueError("no benchmark prompt fits the model context; raise --max-context or lower --max-tokens")
+        by_key = {f"{p.task}/{p.id}": p for p, _ in encoded}
         started = time.time()
         if config.warmup:
             self.log(f"warming up {len(methods)} methods")
-            self.warm_up(encoded[0][1])
+            self.warm_up(next(ids for _, ids in encoded if ids is not None))
         runs: list[dict] = []
         outputs: dict[str, dict] = {}
         total = len(encoded) * config.repeats
         for index, (prompt, ids) in enumerate(encoded):
+            if ids is None:
+                ids = self._later_turn_ids(prompt, by_key, outputs, limit, skipped_prompts)
+                if ids is None:
+                    continue
             for repeat in range(config.repeats):
                 turn = index * config.repeats + repeat
                 shift = turn % len(methods) if config.rotate else 0
