@@ -281,3 +281,32 @@ def test_catch_up_is_charged_only_to_explorations_from_k0():
         pytest.fail("the policy never explored from k = 0")
     assert policy.draft_cost > 1.0 and not policy.drafting_could_pay()
     assert all(policy.next_k() == 0 for _ in range(200))
+
+
+def test_a_new_request_restarts_exploration_and_halves_old_acceptance():
+    """After many requests where drafts were rejected (k = 0 best, exploration backed off to 128 steps), a new
+    request explores drafting again within explore_every steps; without begin_request it would not (control)."""
+    def trained():
+        policy = AdaptiveK(max_k=4, explore_every=8, max_explore_every=128,
+                           pass_costs={1: 0.03, 2: 0.045, 3: 0.06, 4: 0.075, 5: 0.09})
+        for _ in range(600):  # drafts always rejected: k = 0 wins and exploration backs off
+            k = policy.next_k()
+            policy.update(k, 0, 1e-5 * k, 0.03 + 0.015 * k)
+        return policy
+
+    def explores_within(policy, steps):
+        for _ in range(steps):
+            k = policy.next_k()
+            policy.update(k, 0, 1e-5 * k, 0.03 + 0.015 * k)
+            if k > 0:
+                return True
+        return False
+
+    control = trained()
+    assert control.best_k() == 0 and control._explore_wait > 32
+    assert not explores_within(control, 30)
+    policy = trained()
+    before = sum(policy._reached)
+    policy.begin_request()
+    assert sum(policy._reached) == pytest.approx(before / 2)
+    assert explores_within(policy, 9)

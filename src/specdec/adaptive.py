@@ -20,7 +20,8 @@ The cost model is Leviathan et al.'s, with every term measured online instead of
   them (compute-bound CPUs). The second step is a plain one, so that cost is measured early.
 
 Every estimate is a decayed sum, so old evidence fades and the policy follows shifts in acceptance
-(e.g. the prompt stops being copied). A position's evidence fades only on steps that drafted it (new
+(e.g. the prompt stops being copied); at each new request the acceptance evidence is halved and the
+exploration backoff restarts (begin_request), since acceptance belongs to the content. A position's evidence fades only on steps that drafted it (new
 evidence could have arrived), and a position with little evidence borrows its predecessor's rate.
 Every `explore_every` steps it tries the best k +/- 1 so the neighbouring estimates do not go stale;
 while drafting is off (best k = 0) each exploration that confirms k = 0 doubles the wait before the next
@@ -242,6 +243,15 @@ class AdaptiveK:
         self.last_k = k
         self.history.append(k)
         return k
+
+    def begin_request(self, carry: float = 0.5) -> None:
+        """A new request: its content decides acceptance (a code edit copies, a poem does not), so the evidence
+        from earlier requests counts `carry` as much, and the exploration backoff restarts, so a copy-heavy
+        request after many where drafting did not pay is found within it. Costs stay: they are the hardware's."""
+        self._reached = [r * carry for r in self._reached]
+        self._accepted = [a * carry for a in self._accepted]
+        self._explore_wait = self.explore_every
+        self._since_explore = 0
 
     def drafting_could_pay(self, margin: float = 0.05) -> bool:
         """Would some k >= 1 beat plain decoding by `margin` even if every draft token were accepted?

@@ -193,6 +193,8 @@ class SpeculativeEngine:
                 self.target.forward(prompt[cached:-1], cache, num_logits=1)
             if drafter is not None:
                 drafter.begin(prompt, params, generator)
+            for kept in self.adaptive_policies.values():
+                kept.begin_request()  # acceptance is the request's content: old evidence fades, exploration restarts
             stats.prefill_seconds = time.perf_counter() - began
             while True:
                 # Invariant: the target cache holds every context token except the last.
