@@ -150,3 +150,25 @@ def test_an_adaptive_llamacpp_engine_calibrates_once_and_reads_the_file(tmp_path
         if run == 0:
             first = dict(backend.pass_costs)
     assert backend.pass_costs == first  # the second backend read the curve the first one measured
+
+
+def test_forget_pass_costs_drops_only_that_backends_curve(tmp_path, monkeypatch):
+    from specdec import calibration
+
+    monkeypatch.setattr(calibration, "_cache_file", lambda: tmp_path / "pass-costs.json")
+
+    class Backend:
+        def __init__(self, key):
+            self.key = key
+
+        def calibration_key(self):
+            return self.key
+
+    busy, other = Backend("busy"), Backend("other")
+    for backend in (busy, other):
+        cached_pass_costs(backend, (1, 2), lambda sizes: {s: 0.1 * s for s in sizes})
+    calibration.forget_pass_costs(busy)
+    calls = []
+    cached_pass_costs(busy, (1,), lambda sizes: calls.append(sizes) or {1: 0.03})
+    cached_pass_costs(other, (1,), lambda sizes: calls.append(sizes) or {1: 0.03})
+    assert calls == [(1,)]  # the forgotten one is measured again, the other still read from the file

@@ -87,6 +87,14 @@ def test_generate_pairs_its_runs_in_alternating_order(monkeypatch):
     assert calls == ["plain", "spec", "spec", "plain"] and ratios == [1.2, 1.2]
 
 
+def test_a_stale_cached_curve_prints_no_ceiling():
+    out = report(drafted=8)
+    out["ceiling_stale"] = {"curve_one_row_ms": 128.0, "measured_one_row_ms": 36.5}
+    text = format_generation_report(out)
+    assert "ceiling here         not shown" in text and "128 ms" in text and "36.5 ms" in text
+    assert "if every drafted token were accepted" not in text
+
+
 def test_the_machines_ceiling_is_printed_from_the_measured_curve():
     out = report(drafted=8)
     out["ceiling"] = {"speedup": 1.449, "k": 3, "draft_cost_ratio": 0.0,

@@ -145,11 +145,31 @@ def cached_pass_costs(backend, sizes: Sequence[int], measure: Callable[[Sequence
     return curve
 
 
+def forget_pass_costs(backend) -> None:
+    """Drop the backend's cached curve (measured under other load, say), so the next calibration measures anew."""
+    key_of = getattr(backend, "calibration_key", None)
+    key = key_of() if callable(key_of) else None
+    if key is None:
+        return
+    path = _cache_file()
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if stored.pop(key, None) is not None:
+        try:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(stored, indent=1))
+            tmp.replace(path)
+        except OSError:
+            pass
+
+
 def marginal_row_costs(curve: Mapping[int, float]) -> dict[int, float]:
     """Each measured size's cost as a multiple of a one-row pass (the figure reports print)."""
     base = interpolate_cost(curve, 1)
     return {size: cost / base for size, cost in sorted(curve.items())}
 
 
-__all__ = ["DEFAULT_CONTEXT", "DEFAULT_SIZES", "cached_pass_costs", "fitting_context", "interpolate_cost",
+__all__ = ["DEFAULT_CONTEXT", "DEFAULT_SIZES", "cached_pass_costs", "fitting_context", "forget_pass_costs", "interpolate_cost",
            "machine_ceiling", "marginal_row_costs", "measure_pass_costs"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 
 from .config import SamplingParams, SpecConfig
-from .calibration import machine_ceiling
+from .calibration import forget_pass_costs, machine_ceiling
+
+STALE_CURVE = 1.3  # a cached one-row pass cost this far from this run's own one-row steps is not trusted
 from .kvcache import common_prefix_length
 from .metrics import leviathan_speedup
 from .intervals import speedup_interval
@@ -118,6 +120,15 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
                 report["divergence"] = first_divergence(decoder, prompt_ids, plain.tokens, tokens)
     report["runtime"] = _runtime(decoder)
     curve = getattr(decoder.target, "pass_costs", None)
+    one_row = report.get("plain", {}).get("target_seconds"), report.get("plain", {}).get("num_target_forwards")
+    if curve and one_row[0] and one_row[1]:
+        measured = one_row[0] / one_row[1]
+        if not 1 / STALE_CURVE <= curve[min(curve)] / measured <= STALE_CURVE:
+            # A curve cached under other load (or another machine state) would print a false ceiling.
+            report["ceiling_stale"] = {"curve_one_row_ms": round(curve[min(curve)] * 1000, 2),
+                                       "measured_one_row_ms": round(measured * 1000, 2)}
+            forget_pass_costs(decoder.target)
+            curve = None
     if curve:
         uses_model = spec.drafter in ("draft_model", "hybrid")
         c = report.get("cost_ratio", 0.0) if uses_model else 0.0
@@ -259,6 +270,11 @@ def format_generation_report(report: dict) -> str:
                          else _divergence_line(report))
     if report.get("ceiling"):
         lines.append(_ceiling_line(report["ceiling"]))
+    elif report.get("ceiling_stale"):
+        stale = report["ceiling_stale"]
+        lines.append(f"ceiling here         not shown: the cached pass-cost curve has a one-row pass at "
+                     f"{stale['curve_one_row_ms']:g} ms, this run's one-row steps took {stale['measured_one_row_ms']:g} ms "
+                     "(measured under other load?); the curve is measured again on the next run")
     if report.get("runtime"):
         lines.append(f"runtime              {report['runtime']}")
     return "\n".join(lines)
