@@ -114,55 +114,55 @@ def _cache_file() -> Path:
     return cache_dir() / "pass-costs.json"
 
 
-def cached_pass_costs(backend, sizes: Sequence[int], measure: Callable[[Sequence[int]], dict[int, float]]) -> dict[int, float]:
-    """The backend's curve at `sizes`, measured once per machine, model, library, threads and mode.
-
-    The key is backend.calibration_key() (None: nothing cached, always measured). Stored in
-    $SPECDEC_CACHE/pass-costs.json; a cached curve missing some sizes is measured again and replaced.
-    A corrupt or unwritable file only costs a new measurement.
-    """
+def _calibration_key(backend) -> str | None:
     key_of = getattr(backend, "calibration_key", None)
-    key = key_of() if callable(key_of) else None
-    if key is None:
-        return measure(sizes)
-    path = _cache_file()
+    return key_of() if callable(key_of) else None
+
+
+def _read_curves() -> dict:
+    """Every cached curve by key ({} when the file is missing or corrupt: that only costs a new measurement)."""
     try:
-        stored = json.loads(path.read_text())
+        return json.loads(_cache_file().read_text())
     except (OSError, ValueError):
-        stored = {}
-    curve = {int(s): float(c) for s, c in stored.get(key, {}).items()}
-    if curve and all(int(s) in curve for s in sizes):
-        return {int(s): curve[int(s)] for s in sizes}
-    curve = measure(sizes)
-    stored[key] = {str(s): c for s, c in curve.items()}
+        return {}
+
+
+def _write_curves(stored: dict) -> None:
+    path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(stored, indent=1))
         tmp.replace(path)
     except OSError:
-        pass
+        pass  # unwritable: the curve is measured again next time
+
+
+def cached_pass_costs(backend, sizes: Sequence[int], measure: Callable[[Sequence[int]], dict[int, float]]) -> dict[int, float]:
+    """The backend's curve at `sizes`, measured once per machine, model, library, threads and mode.
+
+    The key is backend.calibration_key() (None: nothing cached, always measured). Stored in
+    $SPECDEC_CACHE/pass-costs.json; a cached curve missing some sizes is measured again and replaced.
+    """
+    key = _calibration_key(backend)
+    if key is None:
+        return measure(sizes)
+    stored = _read_curves()
+    curve = {int(s): float(c) for s, c in stored.get(key, {}).items()}
+    if curve and all(int(s) in curve for s in sizes):
+        return {int(s): curve[int(s)] for s in sizes}
+    curve = measure(sizes)
+    stored[key] = {str(s): c for s, c in curve.items()}
+    _write_curves(stored)
     return curve
 
 
 def forget_pass_costs(backend) -> None:
     """Drop the backend's cached curve (measured under other load, say), so the next calibration measures anew."""
-    key_of = getattr(backend, "calibration_key", None)
-    key = key_of() if callable(key_of) else None
-    if key is None:
-        return
-    path = _cache_file()
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
+    key = _calibration_key(backend)
+    stored = _read_curves() if key is not None else {}
     if stored.pop(key, None) is not None:
-        try:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(stored, indent=1))
-            tmp.replace(path)
-        except OSError:
-            pass
+        _write_curves(stored)
 
 
 def marginal_row_costs(curve: Mapping[int, float]) -> dict[int, float]:

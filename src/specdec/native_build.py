@@ -68,6 +68,18 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     return frozenset()
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The first processor's model name from /proc/cpuinfo (None where there is none)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def compiler_family(command: str | None = None) -> tuple[str, int]:
     """("gcc" | "clang" | "unknown", major version) of the C compiler CMake will pick ($CC, else cc)."""
     command = command or os.environ.get("CC") or "cc"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from .config import SamplingParams, SpecConfig
 from .calibration import forget_pass_costs, machine_ceiling
-
-STALE_CURVE = 1.3  # a cached one-row pass cost this far from this run's own one-row steps is not trusted
+from .config import SamplingParams, SpecConfig
+from .intervals import speedup_interval
 from .kvcache import common_prefix_length
 from .metrics import leviathan_speedup
-from .intervals import speedup_interval
+
+STALE_CURVE = 1.3  # a cached one-row pass cost this far from this run's own one-row steps is not trusted
 
 
 def _warm_up(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig) -> None:
@@ -119,23 +119,26 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
             if plain.tokens != tokens:
                 report["divergence"] = first_divergence(decoder, prompt_ids, plain.tokens, tokens)
     report["runtime"] = _runtime(decoder)
-    curve = getattr(decoder.target, "pass_costs", None)
-    one_row = report.get("plain", {}).get("target_seconds"), report.get("plain", {}).get("num_target_forwards")
-    if curve and one_row[0] and one_row[1]:
-        measured = one_row[0] / one_row[1]
-        if not 1 / STALE_CURVE <= curve[min(curve)] / measured <= STALE_CURVE:
-            # A curve cached under other load (or another machine state) would print a false ceiling.
-            report["ceiling_stale"] = {"curve_one_row_ms": round(curve[min(curve)] * 1000, 2),
-                                       "measured_one_row_ms": round(measured * 1000, 2)}
-            forget_pass_costs(decoder.target)
-            curve = None
-    if curve:
-        uses_model = spec.drafter in ("draft_model", "hybrid")
-        c = report.get("cost_ratio", 0.0) if uses_model else 0.0
-        ceiling, ceiling_k = machine_ceiling(curve, spec.num_speculative_tokens, c)
-        report["ceiling"] = {"speedup": round(ceiling, 3), "k": ceiling_k, "draft_cost_ratio": round(c, 4),
-                             "pass_ms": {size: round(cost * 1000, 2) for size, cost in sorted(curve.items())}}
+    _add_ceiling(report, decoder.target, spec, target_per_forward if compare else None)
     return report
+
+
+def _add_ceiling(report: dict, target, spec: SpecConfig, one_row_seconds: float | None) -> None:
+    """report["ceiling"] from the target's measured pass-cost curve; report["ceiling_stale"] instead (and the
+    cached curve dropped) when its one-row pass is over STALE_CURVE off this run's own one-row steps."""
+    curve = getattr(target, "pass_costs", None)
+    if not curve:
+        return
+    if one_row_seconds and not 1 / STALE_CURVE <= curve[min(curve)] / one_row_seconds <= STALE_CURVE:
+        # A curve cached under other load (or another machine state) would print a false ceiling.
+        report["ceiling_stale"] = {"curve_one_row_ms": round(curve[min(curve)] * 1000, 2),
+                                   "measured_one_row_ms": round(one_row_seconds * 1000, 2)}
+        forget_pass_costs(target)
+        return
+    c = report.get("cost_ratio", 0.0) if spec.drafter in ("draft_model", "hybrid") else 0.0
+    ceiling, ceiling_k = machine_ceiling(curve, spec.num_speculative_tokens, c)
+    report["ceiling"] = {"speedup": round(ceiling, 3), "k": ceiling_k, "draft_cost_ratio": round(c, 4),
+                         "pass_ms": {size: round(cost * 1000, 2) for size, cost in sorted(curve.items())}}
 
 
 def _more_pairs(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig, count: int) -> list[float]:

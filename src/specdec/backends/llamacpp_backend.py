@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ..kvcache import ContextOverflowError
-from ..native_build import cmake_args, compiler_family, cpu_flags, library_mismatch, rebuild_command
+from ..native_build import cmake_args, compiler_family, cpu_flags, cpu_model, library_mismatch, rebuild_command
 from .base import forward_rows
 
 # The tiled K-quant matmul engages at 8 rows (ggml-cpu/tiled/tiled.cpp: ggml_tiled_min_batch).
@@ -119,18 +119,6 @@ def batch_invariance_problems(features: dict[str, bool] | None = None) -> list[s
 ISA_FEATURES = ("AVX", "AVX2", "FMA", "F16C", "AVX_VNNI", "AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16",
                 "AMX_INT8")
 _isa_warned = False
-
-
-def _cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo ('unknown CPU' elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def _warn_if_library_lacks_isa(features: dict[str, bool]) -> None:
@@ -384,15 +372,11 @@ class LlamaCppBackend:
 
     def calibration_key(self) -> str:
         """What a measured pass-cost curve depends on: this CPU, the library, the model file, kernels, mode, threads."""
-        from .llamacpp_probe import library_file
+        from .llamacpp_probe import fingerprint, library_file
 
-        def fingerprint(path) -> str:
-            if path is None:
-                return "?"
-            stat = Path(path).stat()
-            return f"{Path(path).resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
-
-        return " | ".join([_cpu_model(), fingerprint(library_file()), fingerprint(self.gguf_path), self.runtime_summary()])
+        library = library_file()
+        return " | ".join([cpu_model() or "unknown CPU", fingerprint(library) if library else "?",
+                           fingerprint(self.gguf_path), self.runtime_summary()])
 
     def runtime_summary(self) -> str:
         """One line: instruction sets, kernels and mode (what `specdec generate` prints)."""

@@ -45,7 +45,8 @@ def library_file() -> Path | None:
     return None
 
 
-def _fingerprint(path: Path) -> str:
+def fingerprint(path: Path) -> str:
+    """Path, size and modification time: what changes when a library or model file is replaced."""
     stat = path.stat()
     return f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
 
@@ -105,7 +106,7 @@ def check_library_runs() -> None:
     if library is None:
         return  # the import will fail with its own message
     flags = cpu_flags()
-    key = "load:" + _fingerprint(library) + ":" + hashlib.sha1(" ".join(sorted(flags)).encode()).hexdigest()[:16]
+    key = "load:" + fingerprint(library) + ":" + hashlib.sha1(" ".join(sorted(flags)).encode()).hexdigest()[:16]
 
     def probe() -> dict:
         try:
@@ -128,7 +129,7 @@ def amx_rows_agree(gguf_path: str | os.PathLike, threads: int = 1) -> dict:
     """{"ok": bool, "why": str, "max_error": float}: does a multi-row pass with AMX weights run and match? Cached."""
     library = library_file()
     gguf = Path(gguf_path)
-    key = "amx:" + (_fingerprint(library) if library else "?") + ":" + _fingerprint(gguf)
+    key = "amx:" + (fingerprint(library) if library else "?") + ":" + fingerprint(gguf)
 
     def probe() -> dict:
         try:

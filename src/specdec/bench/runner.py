@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from ..config import SamplingParams
 from ..kvcache import common_prefix_length
 from ..metrics import SpecStats
+from ..native_build import cpu_model
 from .datasets import BenchPrompt
 from .methods import BASELINES, EXACT_BASELINE, EXACT_PREFIX, Method
 
@@ -532,7 +533,7 @@ def environment(decoder, weight_format: str | None = None) -> dict:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": platform.processor() or None,
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch": torch.__version__,
@@ -564,17 +565,6 @@ def _torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def run_bench(decoder, prompts: Sequence[BenchPrompt], config: BenchConfig, log=None) -> dict:

@@ -109,10 +109,6 @@ class SuffixTrie:
         self.sequences: dict[object, list[int]] = {}
         self._active: dict[object, list[_Node]] = {}  # per sequence: nodes of its suffixes, shortest first
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(s) for s in self.sequences.values())
-
     def add(self, seq_id, tokens: Sequence[int]) -> None:
         sequence = self.sequences.setdefault(seq_id, [])
         active = self._active.setdefault(seq_id, [])
@@ -265,9 +261,8 @@ class SuffixDrafter:
             SuffixCache(self.spec.suffix_cache_tokens, self.depth) if self.spec.suffix_cache else None)
         self.local = SuffixTrie(self.depth)
         self.prompt_length = 0
-        self._planned: tuple[int, SuffixDraft, str] | None = None  # (context length, draft, where) from next_source
-        self.num_lookups = 0
-        self.num_matches = 0
+        # next_source's plan for the propose() that follows: (context length, draft, seconds it took)
+        self._planned: tuple[int, SuffixDraft, float] | None = None
 
     def begin(self, prompt: Sequence[int], params: SamplingParams | None = None,
               generator: torch.Generator | None = None) -> None:
@@ -298,8 +293,9 @@ class SuffixDrafter:
         return draft, where
 
     def next_source(self, context: Sequence[int]) -> str | None:
+        began = time.perf_counter()
         draft, where = self._plan(context, self.spec.num_speculative_tokens)
-        self._planned = (len(context), draft, where)
+        self._planned = (len(context), draft, time.perf_counter() - began)
         if not draft.tokens:
             return None
         m = draft.match_length
@@ -308,15 +304,13 @@ class SuffixDrafter:
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         began = time.perf_counter()
-        planned = self._planned
-        self._planned = None
+        planned, self._planned = self._planned, None
+        planning = 0.0
         if planned is not None and planned[0] == len(context):
-            draft = planned[1]  # planned by next_source for this context with the largest k
+            _, draft, planning = planned  # planned by next_source for this context with the largest k
         else:
             draft, _ = self._plan(context, k)
-        self.num_lookups += 1
-        self.num_matches += bool(draft.tokens)
-        return Draft(list(draft.tokens[:k]), None, time.perf_counter() - began)
+        return Draft(list(draft.tokens[:k]), None, time.perf_counter() - began + planning)
 
     def accepted(self, num_accepted: int, num_proposed: int) -> None:
         pass  # the tries only ever hold the engine's context: accepted tokens
