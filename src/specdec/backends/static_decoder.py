@@ -111,7 +111,7 @@ class StaticKVCache:
     """A KVCache over fixed buffers; `length` tokens are valid, rollback only moves the pointer.
 
     kv[l]: [2 * kv_heads, slots, head_dim], layer l's keys then its values (one write per layer and
-    pass); keys[l] / values[l] are views of its halves. slots >= capacity + the largest bucket, so the
+    pass; _layer attends to its two halves). slots >= capacity + the largest bucket, so the
     padding rows of a pass never write out of range. Graphs captured for this cache live here too:
     they hold the buffers' addresses.
     """
@@ -125,12 +125,9 @@ class StaticKVCache:
         self._capacity = capacity
         self.length = 0
         self.slots = decoder.max_slots
-        heads = decoder.num_kv_heads
-        shape = (2 * heads, self.slots, decoder.head_dim)
+        shape = (2 * decoder.num_kv_heads, self.slots, decoder.head_dim)
         with torch.inference_mode():
             self.kv = [torch.zeros(shape, dtype=decoder.dtype, device=decoder.device) for _ in range(decoder.num_layers)]
-            self.keys = [buffer[:heads] for buffer in self.kv]
-            self.values = [buffer[heads:] for buffer in self.kv]
             # Row r of a pass: (token id, position). One host->device copy per pass fills it.
             self.inputs = torch.zeros(decoder.max_bucket, 2, dtype=torch.long, device=decoder.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
