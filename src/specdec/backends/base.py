@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
@@ -23,6 +24,42 @@ class ModelBackend(Protocol):
     def forward(self, tokens: Sequence[int], cache: KVCache, num_logits: int = 1) -> torch.Tensor:
         """Append tokens to the cache and return logits [num_logits, vocab] for the last num_logits positions."""
         ...
+
+
+@dataclass
+class BatchRows:
+    """One sequence's rows in a flat batch: tokens appended to its cache, logits for the last num_logits of them.
+
+    num_logits = 0 is a prefill chunk (the caller wants the cache filled, nothing back).
+    """
+
+    tokens: Sequence[int]
+    cache: KVCache
+    num_logits: int = 1
+
+
+def forward_batch(backend, batch: Sequence[BatchRows]) -> list[torch.Tensor]:
+    """Run every sequence's rows through the target: one pass where the backend has `forward_batch`, else one
+    forward per sequence. Returns float32 logits [num_logits, vocab] per entry, in order ([0, vocab] for 0).
+
+    Every cache appears at most once. On an error every cache is left as it was before the call.
+    """
+    native = getattr(backend, "forward_batch", None)
+    if native is not None:
+        return native(batch)
+    results: list[torch.Tensor] = []
+    done: list[tuple[KVCache, int]] = []
+    try:
+        for rows in batch:
+            before = rows.cache.length
+            logits = backend.forward(rows.tokens, rows.cache, num_logits=max(1, rows.num_logits))
+            done.append((rows.cache, before))
+            results.append(logits[len(logits) - rows.num_logits:] if rows.num_logits else logits[:0])
+    except BaseException:
+        for cache, before in done:
+            cache.trim(cache.length - before)
+        raise
+    return results
 
 
 def forward_rows(tokens: Sequence[int], cache: KVCache, num_logits: int, name: str) -> int:
