@@ -162,7 +162,7 @@ def test_engine_handles_empty_drafts(target_backend):
 
 @pytest.mark.parametrize("drafter_name", ["draft_model", "hybrid", "prompt_lookup"])
 def test_engine_handles_k_zero_steps(target_backend, draft_backend, monkeypatch, drafter_name):
-    import specdec.engine as engine_module
+    import specdec.scheduler as engine_module  # the step code lives there
 
     monkeypatch.setattr(engine_module, "make_policy", lambda name, k, pass_costs=None: _ScriptedK([0, 3, 0, 0, 2, 1]))
     spec = SpecConfig(num_speculative_tokens=3, drafter=drafter_name)

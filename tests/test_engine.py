@@ -25,7 +25,7 @@ from scipy.stats import chisquare
 
 from conftest import assert_cache_keeps, tiny_llama
 from markov_backend import MarkovCache
-from specdec import engine as engine_module
+from specdec import scheduler as engine_module  # the step code lives there
 from specdec.backends.transformers_backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter

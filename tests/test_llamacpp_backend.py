@@ -260,7 +260,7 @@ def test_sampled_output_follows_the_target_distribution(gguf_dir, target, monkey
     assert 0.05 < engine.total_stats.acceptance_rate < 0.98  # the draft really differs from the target
 
     # Negative control: a verifier that accepts every draft token is caught by the same test.
-    import specdec.engine as engine_module
+    import specdec.scheduler as engine_module  # the step code lives there
     from specdec.sampling import sample_token
     from specdec.verify import Verdict
 

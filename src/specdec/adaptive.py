@@ -110,6 +110,12 @@ class AdaptiveK:
         self._explore_up = True
         self.last_k = self.prior_k
         self.history: list[int] = []  # every k returned, for reports and tests
+        # Continuous batching: the rows other sequences put in the same target pass, and the tokens those rows
+        # are expected to emit (one per decoding sequence). With a measured curve the policy then maximises the
+        # pass's tokens per second: a draft row pays only if what it adds beats what the pass already yields
+        # per second (load-aware: see verify_cost).
+        self.other_rows = 0
+        self.other_tokens = 0.0
 
     # ----- learning -------------------------------------------------------------------------
 
@@ -178,15 +184,22 @@ class AdaptiveK:
         return self._draft_cost.value
 
     def verify_cost(self, size: int) -> float:
-        """Seconds for one target forward over `size` tokens: measured, else a line through the measured sizes."""
+        """Seconds for one target forward over `size` tokens: measured, else a line through the measured sizes.
+
+        Beside other sequences' rows (other_rows > 0) and with a measured curve, the whole shared pass:
+        c(other_rows + size), so that expected_rate compares the pass's tokens per second with and without this
+        sequence's draft, and a draft row is worth its marginal cost c(o + k + 1) - c(o + 1) only when it
+        yields tokens faster than the pass already does: more drafting where rows are nearly free (a GPU's
+        flat curve), none where every row costs a full one (a compute-bound CPU).
+        """
+        if self.other_rows > 0 and self.pass_costs:
+            return interpolate_cost(self.pass_costs, self.other_rows + size) * self._curve_level()
         seen = self._verify.get(size)
         if seen is not None and seen.count > 0:
             return seen.value
         points = [(s, e.value) for s, e in self._verify.items() if e.count > 0]
         if self.pass_costs:
-            # The curve's shape, at the level this engine pays (its steps carry verification and Python too).
-            level = statistics.median(t / interpolate_cost(self.pass_costs, s) for s, t in points) if points else 1.0
-            return interpolate_cost(self.pass_costs, size) * level
+            return interpolate_cost(self.pass_costs, size) * self._curve_level()
         if not points:
             return 1.0  # no measurement yet: only ratios matter, and k=prior until measured
         points.sort()
@@ -202,10 +215,16 @@ class AdaptiveK:
         fitted = mean_t + slope * (size - mean_s)
         return max(fitted, 1e-9)
 
+    def _curve_level(self) -> float:
+        """The measured curve's scale at the level this engine pays (its steps carry verification and Python too)."""
+        points = [(s, e.value) for s, e in self._verify.items() if e.count > 0]
+        return statistics.median(t / interpolate_cost(self.pass_costs, s) for s, t in points) if points else 1.0
+
     def expected_rate(self, k: int, rates: list[float] | None = None) -> float:
-        """Expected tokens per second when proposing k tokens this step."""
+        """Expected tokens per second when proposing k tokens this step (of the whole pass, when shared)."""
         cost = k * self.draft_cost + self.verify_cost(k + 1)
-        return self.expected_tokens(k, rates) / cost if cost > 0 else float("inf")
+        shared = self.other_tokens if self.other_rows > 0 and self.pass_costs else 0.0
+        return (shared + self.expected_tokens(k, rates)) / cost if cost > 0 else float("inf")
 
     def best_k(self) -> int:
         """argmax_k expected_rate(k) over [0, max_k] (ties go to the smaller k)."""
@@ -221,9 +240,10 @@ class AdaptiveK:
 
     def next_k(self) -> int:
         self._decisions += 1
-        if not self._verify or self._draft_cost.count == 0:
+        curve_priced = self.other_rows > 0 and bool(self.pass_costs)  # shared passes: rows priced on the curve
+        if (not self._verify and not curve_priced) or self._draft_cost.count == 0:
             k = self.prior_k  # nothing measured yet
-        elif 1 not in self._verify:
+        elif 1 not in self._verify and not curve_priced:
             # One plain step, once: its cost is what every draft must beat, and sizes below the smallest
             # measured one are never extrapolated to be cheaper, so k = 0 could not be found otherwise.
             k = 0

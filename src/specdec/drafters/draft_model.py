@@ -51,6 +51,10 @@ class DraftModelDrafter:
         self._checked = 0  # context tokens already checked against self.embeddable
         self._unreadable = False  # the context holds an id the draft model cannot embed
 
+    def spawn(self) -> "DraftModelDrafter":
+        """A drafter for another sequence running at the same time: the same draft model, a cache of its own."""
+        return DraftModelDrafter(self.backend, self.spec)
+
     def begin(self, prompt: Sequence[int], params: SamplingParams, generator: torch.Generator) -> None:
         self.params = params
         self.generator = generator

@@ -42,6 +42,10 @@ class HybridDrafter:
         self.num_lookup_drafts = 0
         self.num_model_drafts = 0
 
+    def spawn(self) -> "HybridDrafter":
+        """A drafter for another sequence running at the same time (its own lookup index and draft cache)."""
+        return HybridDrafter(self.model.backend, self.spec, self.min_match)
+
     @property
     def prefix_cache(self) -> bool:
         """Whether the draft model keeps its cache's shared prefix across requests (the engine sets it)."""

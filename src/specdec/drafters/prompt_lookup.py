@@ -99,6 +99,10 @@ class PromptLookupDrafter:
         self.num_lookups = 0
         self.num_matches = 0
 
+    def spawn(self) -> "PromptLookupDrafter":
+        """A drafter of the same configuration for another sequence running at the same time."""
+        return PromptLookupDrafter(self.spec, self.index.min_n, self.index.max_n)
+
     def begin(self, prompt: Sequence[int], params: SamplingParams | None = None, generator: torch.Generator | None = None) -> None:
         self.index.reset(prompt)
         self.last_match_length = 0

@@ -264,6 +264,10 @@ class SuffixDrafter:
         # next_source's plan for the propose() that follows: (context length, draft, seconds it took)
         self._planned: tuple[int, SuffixDraft, float] | None = None
 
+    def spawn(self) -> "SuffixDrafter":
+        """A drafter for another sequence running at the same time: its own trie, the same cross-request cache."""
+        return SuffixDrafter(self.spec, self.cache)  # no cache: the spec turned it off, so the new one has none
+
     def begin(self, prompt: Sequence[int], params: SamplingParams | None = None,
               generator: torch.Generator | None = None) -> None:
         self.local = SuffixTrie(self.depth)

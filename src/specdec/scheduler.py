@@ -1,0 +1,440 @@
+"""Continuous batching: running sequences each with their own drafter, k policy, sampling, stops and budget; one
+step drafts for all, runs the target once over a flat batch of their rows, verifies each with the pure rules,
+trims each cache, and returns per-sequence outputs. Sequences join and leave at step boundaries."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from .backends.base import BatchRows, forward_batch
+from .config import SamplingParams, SpecConfig
+from .drafters.base import Draft, Drafter
+from .kvcache import ContextOverflowError, RetainedPrefix, common_prefix_length
+from .metrics import SpecStats
+from .policy import make_policy
+from .sampling import greedy_tokens, make_generator, probabilities
+from .textstream import TextStream
+from .verify import verify_greedy, verify_sampled
+
+
+@dataclass
+class StepOutput:
+    """What one step gave one sequence: tokens, whether each came from the draft, the safe text delta, and why it
+    ended (None while running; "stop", "length", "abort"), or the error that ended it."""
+
+    sequence: "RunningSequence"
+    tokens: list[int]
+    from_draft: list[bool]
+    text: str = ""
+    finish_reason: str | None = None
+    error: BaseException | None = None
+
+
+class Slot:
+    """A place for one sequence: a target cache, what it holds between requests, and a drafter of its own.
+
+    Slots outlive requests, so a slot's cache keeps the last request's tokens for a next one that shares their
+    prefix (llama-server's slots), and a draft model's cache does the same inside the slot's drafter.
+    """
+
+    def __init__(self, index: int, drafter: Drafter | None):
+        self.index = index
+        self.cache = None
+        self.retained = RetainedPrefix()
+        self.drafter = drafter
+        self.sequence: RunningSequence | None = None
+
+
+@dataclass
+class RunningSequence:
+    """One request inside the engine: its context, state of prefill, policies, text and counters."""
+
+    request_id: int
+    prompt: list[int]
+    params: SamplingParams
+    slot: Slot
+    generator: torch.Generator
+    eos: frozenset
+    text: TextStream
+    stats: SpecStats
+    began: float
+    context: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens in the target cache (the prompt's last token is fed by the first decode step)
+    generated: int = 0
+    policies: dict = field(default_factory=dict)  # per draft source
+    finish_reason: str | None = None
+    tag: object = None  # the caller's handle (a server job)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt) - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class _Plan:
+    """One sequence's part of a step: its rows, and for a decode step the draft behind them."""
+
+    sequence: RunningSequence
+    rows: BatchRows
+    decode: bool
+    proposed: list[int] = field(default_factory=list)
+    draft: Draft | None = None
+    policy: object = None
+
+
+class BatchEngine:
+    """Runs up to max_running sequences together over one target and a drafter per slot.
+
+    `add` admits a request (refused at once when it cannot fit); `step` advances every running sequence by one
+    target pass; `abort` ends one between steps. A prompt is prefilled in chunks of at most prefill_chunk tokens
+    per step (shared by the sequences still prefilling, oldest first), so a new request does not stall the
+    running streams for its whole length. The adaptive k policy prices a sequence's draft rows at what they add
+    to this step's pass (load-aware: see AdaptiveK.other_rows).
+    """
+
+    def __init__(self, target, drafter: Drafter | None = None, spec: SpecConfig | None = None,
+                 decode: Callable[[Sequence[int]], str] | None = None, prefix_cache: bool | None = None,
+                 max_running: int = 1, prefill_chunk: int | None = None):
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        self.target = target
+        self.spec = spec or SpecConfig()
+        self.decode = decode or default_decoder(target)
+        if prefix_cache is None:
+            prefix_cache = getattr(self.spec, "prefix_cache", True)
+        self.prefix_cache = bool(prefix_cache)
+        self.max_running = max_running
+        self.prefill_chunk = max(1, int(prefill_chunk or getattr(target, "batch_size", 512)))
+        if drafter is not None and max_running > 1 and not hasattr(drafter, "spawn"):
+            raise ValueError(f"the {drafter.name} drafter cannot serve several sequences at once (no spawn())")
+        self.slots = [Slot(0, drafter)]
+        self.running: list[RunningSequence] = []
+        self.total_stats = SpecStats()
+        self.adaptive_policies: dict[str | None, object] = {}  # per draft source, for the engine's lifetime
+        self.last_pass_rows = 0
+        self.passes = 0
+        self._ids = itertools.count()
+
+    # -- configuration ------------------------------------------------------------------------------------
+
+    @property
+    def drafter(self) -> Drafter | None:
+        return self.slots[0].drafter
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Whether a request may keep the cache prefix it shares with its slot's previous request (see
+        SpeculativeEngine.reuses_prefix: never on a batch-invariant target)."""
+        return self.prefix_cache and not getattr(self.target, "batch_invariant", False)
+
+    def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        """Refuse a request that cannot fit, before any work is done."""
+        if len(prompt) == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        limit = self.target.max_context
+        if len(prompt) + params.max_tokens > limit:
+            raise ContextOverflowError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the model context "
+                f"of {limit} tokens"
+            )
+        vocab = self.target.vocab_size
+        bad = [t for t in prompt if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+
+    @property
+    def has_room(self) -> bool:
+        return len(self.running) < self.max_running
+
+    def cache_of(self, slot: Slot):
+        if slot.cache is None:
+            slot.cache = self.target.new_cache(self.target.max_context)
+        return slot.cache
+
+    def calibrate(self, sizes=None) -> dict[int, float]:
+        """Measure the target's pass cost per row count on slot 0's cache (calibration.py) and keep it on the
+        backend, where every adaptive policy made afterwards reads it. Only between requests."""
+        from .calibration import DEFAULT_SIZES, cached_pass_costs, measure_pass_costs
+
+        if self.running:
+            raise RuntimeError("calibrate only while no sequence is running")
+        slot = self.slots[0]
+        cache = self.cache_of(slot)
+        k = self.spec.num_speculative_tokens
+        sizes = sizes or sorted({s for s in DEFAULT_SIZES if s <= k + 1} | {1, k + 1})
+        options = getattr(self.target, "calibration_options", {})
+
+        def measure(wanted):
+            slot.retained.drop()  # the measurement empties the cache
+            return measure_pass_costs(self.target, wanted, cache=cache, **options)
+
+        costs = cached_pass_costs(self.target, sizes, measure)
+        self.target.pass_costs = costs
+        return costs
+
+    # -- admission and leaving ----------------------------------------------------------------------------
+
+    def add(self, prompt: Sequence[int], params: SamplingParams, tag: object = None) -> RunningSequence:
+        """Admit a request into a free slot (the one whose cache shares the longest prefix with the prompt)."""
+        prompt = [int(t) for t in prompt]
+        self.check_request(prompt, params)
+        if not self.has_room:
+            raise RuntimeError(f"all {self.max_running} sequences are running; admit at a step boundary")
+        if self.spec.k_policy == "adaptive" and getattr(self.target, "calibrate_on_first_use", False) \
+                and getattr(self.target, "pass_costs", None) is None and self.drafter is not None and not self.running:
+            self.calibrate()  # a GPU's nearly free rows, a CPU's kinked curve: no line through two sizes shows them
+        slot = self._free_slot(prompt)
+        began = time.perf_counter()
+        stats = SpecStats(num_prompt_tokens=len(prompt))
+        sequence = RunningSequence(
+            request_id=next(self._ids), prompt=prompt, params=params, slot=slot,
+            generator=make_generator(params.seed, getattr(self.target, "device", "cpu")),
+            eos=frozenset() if params.ignore_eos else self.target.eos_token_ids,
+            text=TextStream(self.decode, params.stop), stats=stats, began=began, context=list(prompt), tag=tag)
+        cache = self.cache_of(slot)
+        # Keep the longest common prefix of what the slot's cache holds and prompt[:-1]; prefill only the rest.
+        sequence.prefilled = slot.retained.claim(self.target, cache, prompt[:-1], self.reuses_prefix)
+        stats.num_cached_prompt_tokens = sequence.prefilled
+        slot.sequence = sequence
+        self.running.append(sequence)
+        drafter = slot.drafter
+        try:
+            if drafter is not None:
+                if hasattr(drafter, "prefix_cache"):
+                    drafter.prefix_cache = self.prefix_cache  # one switch for both caches
+                drafter.begin(prompt, params, sequence.generator)
+            if self.max_running == 1:
+                for kept in self.adaptive_policies.values():
+                    kept.begin_request()  # acceptance is the request's content: old evidence fades
+        except BaseException:
+            self._leave(sequence, "error", clean=False)
+            raise
+        if not sequence.prefilling:
+            stats.prefill_seconds = time.perf_counter() - began
+        return sequence
+
+    def _free_slot(self, prompt: list[int]) -> Slot:
+        free = [slot for slot in self.slots if slot.sequence is None]
+        if not free:
+            drafter = self.slots[0].drafter
+            free = [Slot(len(self.slots), drafter.spawn() if drafter is not None else None)]
+            self.slots += free
+        # llama-server's slot choice: the idle slot whose cached tokens share the longest prefix with the prompt.
+        return max(free, key=lambda slot: common_prefix_length(slot.retained.tokens, prompt[:-1]))
+
+    def abort(self, sequence: RunningSequence) -> None:
+        """End a running sequence between steps (a client gone, a newer request on a one-slot engine)."""
+        if not sequence.finished:
+            self._leave(sequence, "abort", clean=True)
+
+    def _leave(self, sequence: RunningSequence, reason: str, clean: bool) -> None:
+        """Free the sequence's slot; the cache keeps its tokens when the invariant holds (cache = context - 1)."""
+        sequence.finish_reason = sequence.finish_reason or reason
+        stats = sequence.stats
+        stats.total_seconds = time.perf_counter() - sequence.began
+        self.total_stats.merge(stats)
+        if self.max_running > 1 and self.spec.k_policy == "adaptive":
+            self.adaptive_policies.update(sequence.policies)  # what this sequence learnt is the newest evidence
+        slot = sequence.slot
+        cache = slot.cache
+        if sequence in self.running:
+            self.running.remove(sequence)
+        slot.sequence = None
+        if clean and not sequence.prefilling and cache.length == len(sequence.context) - 1:
+            slot.retained.tokens = sequence.context[:-1]
+            slot.retained.release(self.reuses_prefix)
+        elif clean and sequence.prefilling and cache.length == sequence.prefilled:
+            slot.retained.tokens = sequence.prompt[: sequence.prefilled]
+            slot.retained.release(self.reuses_prefix)
+        else:
+            slot.retained.drop()  # an error mid-step: what the cache holds is not certain
+        drafter = slot.drafter
+        if drafter is not None:
+            try:
+                if hasattr(drafter, "observe") and reason != "error":
+                    drafter.observe(sequence.context)  # everything emitted, for a drafter that learns from outputs
+            finally:
+                drafter.end()
+
+    # -- one step -----------------------------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        """Advance every running sequence by one target pass; returns an output per decoding sequence (a sequence
+        still prefilling gives none), and for each sequence that failed while planning, its error."""
+        if not self.running:
+            return []
+        outputs: list[StepOutput] = []
+        plans = self._prefill_plans()
+        prefill_rows = sum(len(p.rows.tokens) for p in plans)
+        deciders = [s for s in self.running if not s.prefilling]
+        for index, sequence in enumerate(deciders):
+            # Rows the others put in this pass: the ones planned so far, and at least one per sequence to come.
+            others = prefill_rows + sum(len(p.rows.tokens) for p in plans if p.decode) + len(deciders) - index - 1
+            try:
+                plans.append(self._decode_plan(sequence, others, len(deciders) - 1))
+            except Exception as exc:  # noqa: BLE001 - a drafter failed: that sequence ends, the others go on
+                self._leave(sequence, "error", clean=False)
+                outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+        if not plans:
+            return outputs
+        began = time.perf_counter()
+        try:
+            logits = forward_batch(self.target, [p.rows for p in plans])
+        except BaseException as exc:
+            # The backend rolled every cache back to before the call; the sequences in it end, with the error.
+            for plan in plans:
+                self._leave(plan.sequence, "error", clean=False)
+                outputs.append(StepOutput(plan.sequence, [], [], "", "error", exc))
+            if not isinstance(exc, Exception):
+                raise
+            return outputs
+        target_seconds = time.perf_counter() - began
+        self.passes += 1
+        self.last_pass_rows = sum(len(p.rows.tokens) for p in plans)
+        for plan, rows_logits in zip(plans, logits):
+            sequence = plan.sequence
+            if not plan.decode:
+                sequence.prefilled += len(plan.rows.tokens)
+                if not sequence.prefilling:
+                    sequence.stats.prefill_seconds = time.perf_counter() - sequence.began
+                continue
+            try:
+                outputs.append(self._finish_decode(plan, rows_logits, target_seconds, len(plans) > 1))
+            except Exception as exc:  # noqa: BLE001 - that sequence's verification failed; the others go on
+                self._leave(sequence, "error", clean=False)
+                outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+        return outputs
+
+    def _prefill_plans(self) -> list[_Plan]:
+        budget = self.prefill_chunk
+        plans = []
+        for sequence in self.running:
+            if not sequence.prefilling or budget <= 0:
+                continue
+            end = min(len(sequence.prompt) - 1, sequence.prefilled + budget)
+            tokens = sequence.prompt[sequence.prefilled:end]
+            budget -= len(tokens)
+            plans.append(_Plan(sequence, BatchRows(tokens, sequence.slot.cache, 0), decode=False))
+        return plans
+
+    def _policy(self, sequence: RunningSequence, source: str | None):
+        """The k policy of one draft source for this sequence.
+
+        The adaptive cost model measures the hardware and that source's acceptance, which outlive a request, so
+        it is kept for the engine's lifetime: a one-slot engine uses it directly; with several slots each
+        sequence works on its own copy (acceptance is per request) and hands it back when it leaves.
+        """
+        if self.spec.k_policy != "adaptive":
+            owner = sequence.policies
+        elif self.max_running == 1:
+            owner = self.adaptive_policies
+        else:
+            owner = sequence.policies
+            if source not in owner and source in self.adaptive_policies:
+                owner[source] = copy.deepcopy(self.adaptive_policies[source])
+                owner[source].begin_request()
+        if source not in owner:
+            owner[source] = make_policy(self.spec.k_policy, self.spec.num_speculative_tokens,
+                                        getattr(self.target, "pass_costs", None))
+        return owner[source]
+
+    def _decode_plan(self, sequence: RunningSequence, other_rows: int, other_sequences: int) -> _Plan:
+        # Invariant: the target cache holds every context token except the last.
+        remaining = sequence.params.max_tokens - sequence.generated
+        room = sequence.slot.cache.capacity - len(sequence.context)
+        drafter = sequence.slot.drafter
+        policy, k = None, 0
+        if drafter is not None:
+            # Sources differ in acceptance and cost (an n-gram copy vs a draft model), so each has its own
+            # policy; None means the drafter has nothing to propose: a plain step.
+            context = sequence.context
+            source = drafter.next_source(context) if hasattr(drafter, "next_source") else drafter.name
+            if source is not None:
+                policy = self._policy(sequence, source)
+                if hasattr(policy, "other_rows"):
+                    policy.other_rows, policy.other_tokens = other_rows, float(other_sequences)
+                k = min(policy.next_k(), remaining - 1, room - 1)
+        draft = drafter.propose(sequence.context, k) if k > 0 else Draft([])
+        proposed = draft.tokens[: max(k, 0)]
+        sequence.stats.draft_seconds += draft.seconds
+        rows = BatchRows([sequence.context[-1]] + proposed, sequence.slot.cache, len(proposed) + 1)
+        return _Plan(sequence, rows, decode=True, proposed=proposed, draft=draft, policy=policy)
+
+    def _finish_decode(self, plan: _Plan, logits: torch.Tensor, target_seconds: float, shared: bool) -> StepOutput:
+        sequence, proposed, draft, params = plan.sequence, plan.proposed, plan.draft, plan.sequence.params
+        stats = sequence.stats
+        if params.greedy:
+            verdict = verify_greedy(proposed, greedy_tokens(logits).tolist())
+        else:
+            target_probs = probabilities(logits, params)
+            draft_probs = draft.probs[: len(proposed)] if draft.probs is not None else None
+            if draft_probs is not None and draft_probs.shape[-1] < target_probs.shape[-1]:
+                # A draft may score fewer ids than the target (a pruned head over an embedding table that still
+                # reads every target id); it never proposes the ids it lacks: q = 0 there.
+                draft_probs = torch.nn.functional.pad(draft_probs, (0, target_probs.shape[-1] - draft_probs.shape[-1]))
+            verdict = verify_sampled(proposed, draft_probs, target_probs, sequence.generator)
+        stats.target_seconds += target_seconds
+        drafter = sequence.slot.drafter
+        if drafter is not None and proposed:
+            drafter.accepted(verdict.num_accepted, len(proposed))
+        if plan.policy is not None:
+            # A pass shared with other sequences says what the whole pass cost, not what this sequence's rows
+            # added: the policy prices those from the measured curve instead (AdaptiveK.other_rows).
+            plan.policy.update(len(proposed), verdict.num_accepted, draft.seconds,
+                               0.0 if shared else target_seconds, draft.catchup_seconds)
+        stats.record_step(len(proposed), verdict.num_accepted)
+
+        new_tokens = proposed[: verdict.num_accepted] + [verdict.next_token]
+        new_from_draft = [True] * verdict.num_accepted + [False]
+        remaining = params.max_tokens - sequence.generated
+        finish = None
+        for i, token in enumerate(new_tokens):
+            if token in sequence.eos:
+                new_tokens, new_from_draft, finish = new_tokens[: i + 1], new_from_draft[: i + 1], "stop"
+                break
+        if len(new_tokens) >= remaining:
+            new_tokens, new_from_draft = new_tokens[:remaining], new_from_draft[:remaining]
+            finish = finish or "length"
+        text = sequence.text
+        visible = [t for t in new_tokens if t not in sequence.eos]  # EOS can only be the last token
+        pushed_before = len(text.tokens)
+        delta = text.push(visible)
+        if text.stopped:
+            # The tokens end at the one that completes the stop string, as in plain decoding: the tokens after it
+            # in this step (and an EOS behind them) are not generated.
+            kept = len(text.tokens) - pushed_before
+            new_tokens, new_from_draft, finish = new_tokens[:kept], new_from_draft[:kept], "stop"
+        elif finish is not None:
+            delta += text.flush()
+        sequence.context += new_tokens
+        sequence.generated += len(new_tokens)
+        # One rollback restores the invariant (cache = context minus its last token): it drops the rejected draft
+        # tokens and, when EOS, a stop string or max_tokens cut the accepted ones, those too.
+        cache = sequence.slot.cache
+        cache.trim(cache.length - (len(sequence.context) - 1))
+        stats.num_generated_tokens = sequence.generated
+        stats.total_seconds = time.perf_counter() - sequence.began
+        if finish is not None:
+            sequence.finish_reason = finish
+            self._leave(sequence, finish, clean=True)
+        return StepOutput(sequence, new_tokens, new_from_draft, delta, finish)
+
+
+def default_decoder(backend) -> Callable[[Sequence[int]], str]:
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is not None:
+        return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
+    return lambda ids: " ".join(str(i) for i in ids)
+
+
+__all__ = ["BatchEngine", "RunningSequence", "Slot", "StepOutput", "default_decoder"]

@@ -1,0 +1,237 @@
+"""BatchEngine: many sequences in one step give each the output it gets alone, follow the target's distribution, keep
+every stop rule, join and leave at step boundaries, and do not stall behind a long prefill."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from specdec.adaptive import AdaptiveK
+from specdec.config import SamplingParams, SpecConfig
+from specdec.drafters import create_drafter
+from specdec.engine import SpeculativeEngine, plain_engine
+from specdec.scheduler import BatchEngine
+from specdec.verify import Verdict
+from test_engine import SAMPLED, PrefixLM, chi_square_p, exact_sequence_distribution
+
+
+def run_all(engine: BatchEngine, requests, join_at=None):
+    """Admit requests (prompt, params) — request i at step join_at[i] (0 by default) — and step until all end.
+
+    Returns per request: (tokens, text, finish reason) and the largest number of sequences seen in one step."""
+    join_at = join_at or [0] * len(requests)
+    results = {i: ([], [], None) for i in range(len(requests))}
+    handles = {}
+    step = 0
+    most = 0
+    while len(handles) < len(requests) or engine.running:
+        for i, (prompt, params) in enumerate(requests):
+            if i not in handles and join_at[i] <= step and engine.has_room:
+                handles[i] = engine.add(prompt, params, tag=i)
+        most = max(most, len(engine.running))
+        for output in engine.step():
+            assert output.error is None, output.error
+            tokens, texts, _ = results[output.sequence.tag]
+            tokens += output.tokens
+            texts.append(output.text)
+            results[output.sequence.tag] = (tokens, texts, output.finish_reason)
+        step += 1
+        assert step < 10_000
+    return [(t, "".join(x), f) for t, x, f in (results[i] for i in range(len(requests)))], most
+
+
+def spec_pieces(target, draft, k=3, policy="fixed", drafter="draft_model"):
+    spec = SpecConfig(num_speculative_tokens=k, k_policy=policy, drafter=drafter)
+    return create_drafter(drafter, draft_backend=draft, spec=spec), spec
+
+
+PROMPTS = [[1, 2, 3], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7], [5], [2, 9, 4, 2, 9, 4, 2, 9]]
+
+
+def test_each_sequence_gets_what_it_gets_alone():
+    """Greedy, fixed k: four requests joining at different steps, with different budgets and stop strings, give
+    the tokens, text and finish reason each gets from the one-request engine, which equal plain decoding."""
+    target = PrefixLM(vocab=12, seed=3, max_context=128)
+    draft = PrefixLM(vocab=12, seed=4, scale=0.5, base=target, max_context=128)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, stop=stop)
+              for n, stop in ((20, ()), (9, ()), (25, ("3 4",)), (14, ("11",)))]
+    requests = list(zip(PROMPTS, params))
+    drafter, spec = spec_pieces(target, draft)
+    batch = BatchEngine(target, drafter, spec, letters_decoder(), max_running=3)
+    results, most = run_all(batch, requests, join_at=[0, 0, 2, 5])
+    assert most == 3  # the fourth waited for a slot
+    for (prompt, p), got in zip(requests, results):
+        solo_drafter, solo_spec = spec_pieces(target, draft)
+        alone = SpeculativeEngine(target, solo_drafter, solo_spec, letters_decoder()).generate(prompt, p)
+        plain = plain_engine(target, letters_decoder()).generate(prompt, p)
+        assert got == (alone.tokens, alone.text, alone.finish_reason)
+        assert alone.tokens == plain.tokens
+    assert batch.total_stats.num_accepted_tokens > 0 and batch.total_stats.num_draft_tokens > \
+        batch.total_stats.num_accepted_tokens  # drafts were accepted and rejected: verification was exercised
+
+
+def letters_decoder():
+    return lambda ids: " ".join(str(i) for i in ids)
+
+
+def test_sampled_sequences_side_by_side_follow_the_target(monkeypatch):
+    """Sampled, k=3: six sequences share every step, each with its own seed; their first three tokens jointly
+    follow the target (chi-square against the exact distribution), and a negative control whose verifier accepts
+    every draft is rejected: the test can fail."""
+    import specdec.scheduler as scheduler
+
+    target = PrefixLM(vocab=4, seed=11)
+    draft = PrefixLM(vocab=4, seed=12, scale=1.2, base=target)
+    exact = exact_sequence_distribution(target, [1, 2], SAMPLED, 3)
+    counts = sample_batched(target, draft, 3000)
+    p_value, tv = chi_square_p(counts, exact)
+    assert p_value > 1e-3 and tv < 0.06, (p_value, tv)
+
+    def always_accept(tokens, draft_probs, target_probs, generator):
+        from specdec.sampling import sample_token
+
+        return Verdict(len(tokens), sample_token(target_probs[len(tokens)], generator), True)
+
+    monkeypatch.setattr(scheduler, "verify_sampled", always_accept)
+    broken = sample_batched(target, draft, 1500)
+    p_broken = chi_square_p(broken, exact)[0] if not ((exact == 0) & (broken > 0)).any() else 0.0
+    assert p_broken < 1e-6, p_broken
+
+
+def sample_batched(target, draft, draws: int, width: int = 6) -> np.ndarray:
+    drafter, spec = spec_pieces(target, draft)
+    engine = BatchEngine(target, drafter, spec, max_running=width)
+    counts = np.zeros(4**3, dtype=np.int64)
+    seed = 0
+    while seed < draws:
+        tokens = {}
+        for _ in range(min(width, draws - seed)):
+            tokens[engine.add([1, 2], dataclasses.replace(SAMPLED, seed=seed)).request_id] = []
+            seed += 1
+        while engine.running:
+            outputs = engine.step()
+            assert len(outputs) == len(tokens) or not engine.running or len(outputs) <= len(tokens)
+            for output in outputs:
+                tokens[output.sequence.request_id] += output.tokens
+        for got in tokens.values():
+            assert len(got) == 3
+            counts[np.ravel_multi_index(got, [4] * 3)] += 1
+    return counts
+
+
+def test_eos_max_tokens_and_stop_strings_inside_drafts_per_sequence():
+    """A draft that runs past EOS, max_tokens or a stop string is cut at the same token as plain decoding, for
+    each sequence of the step independently."""
+    target = PrefixLM(vocab=10, seed=5, max_context=128)
+    plain = plain_engine(target, letters_decoder())
+    free = plain.generate([4, 4], SamplingParams(max_tokens=30, ignore_eos=True)).tokens
+    eos_token, stop_text = free[6], f"{free[10]} {free[11]}"
+    eos_target = PrefixLM(vocab=10, seed=5, max_context=128)
+    eos_target.eos_token_ids = frozenset([eos_token])
+    requests = [([4, 4], SamplingParams(max_tokens=30)), ([4, 4], SamplingParams(max_tokens=5, ignore_eos=True)),
+                ([4, 4], SamplingParams(max_tokens=30, ignore_eos=True, stop=(stop_text,)))]
+    drafter, spec = spec_pieces(eos_target, eos_target, k=6)  # the draft is the target: every draft is accepted
+    batch = BatchEngine(eos_target, drafter, spec, letters_decoder(), max_running=3)
+    results, _ = run_all(batch, requests)
+    for (prompt, params), got in zip(requests, results):
+        want = plain_engine(eos_target, letters_decoder()).generate(prompt, params)
+        assert got == (want.tokens, want.text, want.finish_reason)
+    assert [r[2] for r in results] == ["stop", "length", "stop"]
+
+
+def test_prefill_is_chunked_and_running_streams_keep_going():
+    """A long prompt admitted beside a running stream is prefilled in chunks; the running stream emits at every
+    step meanwhile, and the newcomer's output is still what it gets alone."""
+    target = PrefixLM(vocab=12, seed=8, max_context=512)
+    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=2, prefill_chunk=16)
+    first = batch.add([1, 2], SamplingParams(max_tokens=40, ignore_eos=True))
+    for _ in range(3):
+        batch.step()
+    long_prompt = [(i * 7) % 12 for i in range(100)]
+    second = batch.add(long_prompt, SamplingParams(max_tokens=5, ignore_eos=True))
+    steps_while_prefilling = 0
+    second_tokens = []
+    while second.prefilling:
+        outputs = batch.step()
+        assert [o.sequence for o in outputs] == [first]  # the running stream emitted; the newcomer did not yet
+        steps_while_prefilling += 1
+    assert steps_while_prefilling == -(-99 // 16)  # 99 prompt tokens before the last, 16 per step
+    while not second.finished:
+        second_tokens += [t for o in batch.step() if o.sequence is second for t in o.tokens]
+    assert second_tokens == plain_engine(target).generate(long_prompt, SamplingParams(max_tokens=5,
+                                                                                      ignore_eos=True)).tokens
+    assert not first.finished
+
+
+def test_abort_frees_the_slot_at_the_step_boundary_and_keeps_the_cache_consistent():
+    target = PrefixLM(vocab=12, seed=9, max_context=128)
+    draft = PrefixLM(vocab=12, seed=10, scale=0.5, base=target, max_context=128)
+    drafter, spec = spec_pieces(target, draft)
+    batch = BatchEngine(target, drafter, spec, max_running=2)
+    a = batch.add([1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True))
+    b = batch.add([3, 2, 1], SamplingParams(max_tokens=50, ignore_eos=True))
+    for _ in range(3):
+        batch.step()
+    assert not batch.has_room
+    batch.abort(a)
+    assert a.finish_reason == "abort" and batch.has_room and batch.running == [b]
+    assert a.slot.cache.length == len(a.context) - 1  # kept for a next request that shares the prefix
+    c = batch.add([1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert c.slot is a.slot and c.stats.num_cached_prompt_tokens == 2  # the slot with the longest shared prefix
+    results = {}
+    while batch.running:
+        for output in batch.step():
+            results.setdefault(output.sequence.request_id, []).extend(output.tokens)
+    assert results[c.request_id] == plain_engine(target).generate([1, 2, 3], SamplingParams(
+        max_tokens=5, ignore_eos=True)).tokens
+
+
+def test_a_failing_drafter_ends_only_its_sequence():
+    target = PrefixLM(vocab=12, seed=9, max_context=128)
+    drafter, spec = spec_pieces(target, None, drafter="prompt_lookup")
+    batch = BatchEngine(target, drafter, spec, max_running=2)
+    good = batch.add([1, 2, 1, 2, 1, 2], SamplingParams(max_tokens=8, ignore_eos=True))
+    bad = batch.add([5, 6, 5, 6, 5, 6], SamplingParams(max_tokens=8, ignore_eos=True))
+
+    def broken(context, k):
+        raise RuntimeError("drafter broke")
+
+    bad.slot.drafter.propose = broken
+    bad.slot.drafter.next_source = lambda context: "x"
+    errors = [o for o in batch.step() if o.error is not None]  # the prefill step: nothing drafted yet
+    errors += [o for o in batch.step() if o.error is not None]
+    assert [o.sequence for o in errors] == [bad] and bad.finish_reason == "error"
+    assert str(errors[0].error) == "drafter broke"
+    while batch.running:
+        batch.step()
+    assert good.finish_reason == "length"
+
+
+def test_one_request_engine_is_the_batch_of_one():
+    """SpeculativeEngine runs on a one-slot BatchEngine; a second stream opened while the first is unread ends the
+    first one (it yields nothing more) and runs correctly."""
+    target = PrefixLM(vocab=12, seed=2, max_context=128)
+    engine = plain_engine(target)
+    assert isinstance(engine.batch, BatchEngine) and engine.batch.max_running == 1
+    first = engine.stream([1, 2], SamplingParams(max_tokens=10, ignore_eos=True))
+    next(first)
+    second = engine.generate([3, 4], SamplingParams(max_tokens=6, ignore_eos=True))
+    assert second.tokens == plain_engine(target).generate([3, 4], SamplingParams(max_tokens=6, ignore_eos=True)).tokens
+    assert list(first) == []
+
+
+def test_load_aware_policy_drafts_where_rows_are_cheap_and_not_where_they_are_dear():
+    """Beside three other sequences (three rows, three tokens a pass), the policy maximises the shared pass's tokens
+    per second on the measured curve: on a curve flat up to 8 rows (a GPU) it drafts, on a linear one (a
+    compute-bound CPU, where a draft row costs a full one) plain wins."""
+    flat = {1: 1.0, 8: 1.05, 16: 1.1, 64: 2.0}
+    linear = {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0}
+    for curve, drafts_beside_others in ((flat, True), (linear, False)):
+        policy = AdaptiveK(max_k=6, pass_costs=curve, explore_every=0)
+        for _ in range(20):
+            policy.update(4, 3, 1e-4, 0.0)  # acceptance 3/4 of 4, cheap drafter, shared passes only
+        policy.other_rows, policy.other_tokens = 3, 3.0
+        assert (policy.best_k() > 0) == drafts_beside_others, (curve, policy.snapshot())
+        assert policy.verify_cost(2) == pytest.approx(np.interp(5, sorted(curve), [curve[s] for s in sorted(curve)]))
