@@ -249,7 +249,7 @@ def test_default_model_ref_loads_the_packaged_pair(monkeypatch):
             self.name, self.vocab_size, self.tokenizer = reference, 10, None
 
     def fake_load_backend(reference, weight_format, max_context, role, backend, threads, batch_invariant=True,
-                          device="auto"):
+                          device="auto", parallel=1):
         loaded.append((reference, role, backend))
         return Fake(reference)
 

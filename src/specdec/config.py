@@ -137,9 +137,16 @@ class ModelRef:
     # torch backend: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N". On CUDA the weights
     # are bf16 unless fp32 is asked for, and forwards run on the static decoder with CUDA graphs.
     device: str = "auto"
+    # Sequences that may decode at once (a server's slots), each with room for max_context tokens: llama.cpp
+    # sizes its KV memory for them (exact mode: one KV stream per sequence). torch backends ignore it.
+    parallel: int = 1
 
     def __post_init__(self) -> None:
         _check(bool(self.target), "a target model is required")
+        _check(
+            isinstance(self.parallel, int) and not isinstance(self.parallel, bool) and self.parallel >= 1,
+            f"parallel must be an integer >= 1, got {self.parallel!r}",
+        )
         _check(
             isinstance(self.device, str) and (self.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", self.device)),
             f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}",

@@ -187,23 +187,27 @@ def load_backend(
     threads: int | None = None,
     batch_invariant: bool = False,
     device: str = "auto",
+    parallel: int = 1,
 ):
     """Load one model (tokenizer + weights) on the chosen runtime and wrap it as a ModelBackend.
 
     role "target" (and "model") also loads the tokenizer; with batch_invariant=True (--exact) the
     llama.cpp target computes rows bit-identically alone or batched (greedy output identical to plain
-    decoding); drafts never need to be.
+    decoding); drafts never need to be. parallel: how many sequences may decode at once, each up to
+    max_context tokens (llama.cpp sizes its KV memory for them; torch backends ignore it).
     """
     resolved = resolve(reference)
     if choose_backend(backend, resolved, device) == "llama.cpp":
         if device.startswith("cuda"):
             raise ModelLoadError("the llama.cpp backend here runs on the CPU; use --backend torch for --device cuda")
-        return _load_llamacpp(resolved, reference, max_context, role, threads, batch_invariant and role != "draft")
+        return _load_llamacpp(resolved, reference, max_context, role, threads, batch_invariant and role != "draft",
+                              parallel)
     return _load_torch(reference, resolved, weight_format, max_context, role, threads, device)
 
 
 def _load_llamacpp(
-    resolved: ResolvedModel, reference: str, max_context: int, role: str, threads: int | None, batch_invariant: bool
+    resolved: ResolvedModel, reference: str, max_context: int, role: str, threads: int | None, batch_invariant: bool,
+    parallel: int = 1,
 ):
     from .backends.llamacpp_backend import LlamaCppBackend
     from .gguf_tokenizer import TokenizerBuildError, load_gguf_tokenizer
@@ -215,7 +219,7 @@ def _load_llamacpp(
             tokenizer = load_gguf_tokenizer(path, cache_dir())
         return LlamaCppBackend(
             path, name=resolved.label or reference, max_context=max_context, threads=threads,
-            batch_invariant=batch_invariant, tokenizer=tokenizer,
+            batch_invariant=batch_invariant, tokenizer=tokenizer, parallel=parallel,
         )
     except (ValueError, OSError, TokenizerBuildError) as exc:
         raise ModelLoadError(f"could not load {role} model {reference!r} with llama.cpp: {exc}") from exc
@@ -403,12 +407,16 @@ def load_pair(
     threads: int | None = None,
     batch_invariant: bool = False,
     device: str = "auto",
+    parallel: int = 1,
 ):
-    """Load target and draft ('default' = the packaged pair) and check they share a vocabulary."""
+    """Load target and draft ('default' = the packaged pair) and check they share a vocabulary.
+
+    parallel: sequences that may decode at once (a server's slots), each up to max_context tokens, on
+    both models (llama.cpp; torch ignores it)."""
     target = "default-target" if target == "default" else target
     draft = "default-draft" if draft == "default" else draft
     target_backend = load_backend(target, weight_format, max_context, "target", backend, threads, batch_invariant,
-                                  device)
+                                  device, parallel)
     if draft is None:
         return target_backend, None
     draft_format = draft_weight_format or weight_format
@@ -416,6 +424,7 @@ def load_pair(
             and draft_format not in CUDA_DTYPES:
         _note_once(f"specdec: the draft runs in {weight_format} on CUDA ({draft_format} is a CPU weight format)")
         draft_format = weight_format
-    draft_backend = load_backend(draft, draft_format, max_context, "draft", backend, threads, device=device)
+    draft_backend = load_backend(draft, draft_format, max_context, "draft", backend, threads, device=device,
+                                 parallel=parallel)
     check_vocab_compatible(target_backend, draft_backend)
     return target_backend, draft_backend

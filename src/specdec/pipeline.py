@@ -30,7 +30,7 @@ class SpecDecoder:
         target, draft = load_pair(
             ref.target, ref.draft, ref.weight_format, ref.max_context, draft_weight_format=ref.draft_weight_format,
             backend=ref.backend, threads=ref.threads, batch_invariant=ref.batch_invariant,
-            device=ref.device,
+            device=ref.device, parallel=ref.parallel,
         )
         return cls(target, draft, spec)
 

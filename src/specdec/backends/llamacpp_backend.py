@@ -3,7 +3,14 @@
 Each backend owns one llama.cpp model and one context whose KV memory is shared by its caches; a
 cache is a llama.cpp sequence id plus a length, and trim(n) is `llama_memory_seq_rm` of the tail,
 so rollback copies nothing. A forward is one `llama_decode` with logits requested only for the rows
-the caller asked for.
+the caller asked for. `forward_batch` (the seam of backends/base.py) puts many sequences' rows in one
+flat `llama_batch`, each row tagged with its sequence id, logits only for the rows wanted.
+
+KV memory: `parallel` sequences may decode at once, each up to max_context tokens. By default the
+memory is one unified buffer (llama.cpp's kv_unified) of parallel x max_context cells that any of
+`max_sequences` sequence ids may use (parallel = 1: what a single-stream engine has always had, 16
+ids in max_context cells). Exact mode with parallel > 1 gives each sequence id a KV stream of its own
+(kv_unified off: max_sequences streams of max_context cells; max_sequences defaults to parallel).
 
 Two modes. Fast (batch_invariant=False, the default of `specdec generate`/`serve`): llama.cpp's own
 CPU configuration: repacked weights (and AMX where the library has it and a multi-row pass was proven
@@ -26,6 +33,24 @@ llama.cpp picks kernels by batch size in four places, so the exact mode avoids e
   attention is a per-row F16 dot product and a per-row softmax.
 Cells are filled in position order (one active sequence, trimmed from the end), so the order of
 every attention sum is the same in both runs. tests/test_llamacpp_backend.py checks rows bit for bit.
+
+Exact across sequences (forward_batch, parallel > 1): a sequence's logits are bit-identical whether it
+is decoded alone or beside other sequences at other lengths. Two things could couple them:
+- kernels: each entry is cut into the slices `forward` would use; slices of at most invariant_rows
+  rows (decode steps) share llama_decode calls of at most invariant_rows rows with other sequences'
+  slices, where every row takes the row-invariant kernels; a longer slice (a prefill's full batches,
+  whose tiled/gemm kernels depend on the rows beside them) is a call of its own with exactly the rows
+  it has alone. llama.cpp may cut a call into smaller ubatches (split_equal: equal rows per sequence,
+  consecutive sequence ids), never larger ones;
+- attention: in a unified buffer the cells of several sequences interleave, so a sequence's attention
+  softmax and V sums run over its cells at other indices and SIMD lanes group them differently (a
+  few ulps; tests/test_llamacpp_batch.py shows it). With one KV stream per sequence its cells sit at
+  indices 0..length-1 of its own stream, as alone; a pass that also serves a longer sequence widens
+  the KV view (to the next 256 cells), and the extra cells are masked, adding exact zeros.
+Prefill chunks (num_logits 0) are decoded as `forward(tokens, cache, 1)` would decode them: a prompt
+prefilled in chunks of a multiple of batch_size rows has the same KV as in one forward. Exact mode with
+parallel = 1 keeps the unified buffer: forward_batch works there but is exact for one sequence only.
+tests/test_llamacpp_batch.py checks a sequence beside 1-3 others bit for bit, with negative controls.
 """
 
 from __future__ import annotations
@@ -45,7 +70,7 @@ import torch
 
 from ..kvcache import ContextOverflowError
 from ..native_build import cmake_args, compiler_family, cpu_flags, cpu_model, library_mismatch, rebuild_command
-from .base import forward_rows
+from .base import BatchRows, forward_rows
 
 # The tiled K-quant matmul engages at 8 rows (ggml-cpu/tiled/tiled.cpp: ggml_tiled_min_batch).
 INVARIANT_ROWS = 7
@@ -171,7 +196,13 @@ class LlamaCppSequence:
 
 
 class LlamaCppBackend:
-    """A GGUF model on llama.cpp behind ModelBackend (see the module docstring for batch invariance)."""
+    """A GGUF model on llama.cpp behind ModelBackend (see the module docstring for batch invariance).
+
+    parallel: sequences that may decode at once, each up to max_context tokens (a server's slots).
+    max_sequences: sequence ids (caches) that may exist at once; default max(16, parallel) in a unified
+    buffer, parallel with one KV stream per sequence. kv_unified: None chooses (streams for exact mode
+    with parallel > 1, else one unified buffer); True/False forces it (tests, experiments).
+    """
 
     def __init__(
         self,
@@ -185,8 +216,13 @@ class LlamaCppBackend:
         batch_size: int = DEFAULT_BATCH,
         extra_buffers: bool | None = None,
         check_amx: bool = True,
+        parallel: int = 1,
+        max_sequences: int | None = None,
+        kv_unified: bool | None = None,
     ):
         llama_cpp = llama_cpp_module()
+        if not isinstance(parallel, int) or parallel < 1:
+            raise ValueError(f"parallel must be an integer >= 1, got {parallel!r}")
         self._llama = llama_cpp
         self.gguf_path = Path(path)
         self.name = name or self.gguf_path.name
@@ -239,12 +275,27 @@ class LlamaCppBackend:
         )
         self.batch_size = max(self.invariant_rows, min(batch_size, self.max_context))
 
+        # KV memory. One unified buffer (llama.cpp's kv_unified) of parallel * max_context cells that every
+        # sequence id may use: parallel = 1 is one active sequence of max_context tokens among MAX_SEQUENCES ids.
+        # Exact mode with parallel > 1 gives every sequence id a KV stream of its own instead (kv_unified off),
+        # so a sequence's cells never interleave with another's and its attention sums run over the same
+        # cells in the same order as alone; each stream holds max_context cells, so max_sequences (default:
+        # parallel) streams are allocated.
+        self.parallel = parallel
+        self.kv_unified = (not (self.batch_invariant and parallel > 1)) if kv_unified is None else bool(kv_unified)
+        if max_sequences is None:
+            max_sequences = max(MAX_SEQUENCES, parallel) if self.kv_unified else parallel
+        limit = int(llama_cpp.llama_max_parallel_sequences())
+        if not isinstance(max_sequences, int) or not parallel <= max_sequences <= limit:
+            raise ValueError(f"max_sequences must be an integer from parallel ({parallel}) to {limit}, "
+                             f"got {max_sequences!r}")
+        self.max_sequences = max_sequences
         ctx_params = llama_cpp.llama_context_default_params()
-        ctx_params.n_ctx = self.max_context
+        ctx_params.n_ctx = self.max_context * (parallel if self.kv_unified else max_sequences)
         ctx_params.n_batch = self.batch_size
         ctx_params.n_ubatch = self.batch_size
-        ctx_params.n_seq_max = MAX_SEQUENCES
-        ctx_params.kv_unified = True  # every sequence may use the whole context (one is active at a time)
+        ctx_params.n_seq_max = max_sequences
+        ctx_params.kv_unified = self.kv_unified
         ctx_params.n_threads = self.threads
         ctx_params.n_threads_batch = self.threads
         ctx_params.no_perf = True
@@ -258,7 +309,14 @@ class LlamaCppBackend:
         self._ctx = ctx
         self._memory = llama_cpp.llama_get_memory(ctx)
         self._batch = llama_cpp.llama_batch_init(self.batch_size, 0, 1)
-        self._free_sequences = list(range(MAX_SEQUENCES - 1, -1, -1))
+        # Cells one sequence may fill: llama.cpp pads the context (and each stream) to multiples of 256.
+        self.kv_cells = int(llama_cpp.llama_n_ctx(ctx))
+        self.sequence_cells = int(llama_cpp.llama_n_ctx_seq(ctx))
+        if self.sequence_cells < self.max_context or self.kv_cells < self.max_context * parallel:
+            _free_native(llama_cpp, self._batch, ctx, model)
+            raise ValueError(f"{self.name}: llama.cpp gave {self.kv_cells} KV cells ({self.sequence_cells} per "
+                             f"sequence), fewer than {parallel} x {self.max_context}")
+        self._free_sequences = list(range(max_sequences - 1, -1, -1))
         # On a CPU each extra verified row costs 0.3-0.9 of a one-row pass, and the kernels change with the row
         # count: a curve no line through two sizes fits. An adaptive engine measures it on first use (a few
         # seconds) and calibration.cached_pass_costs keeps it per machine, model, library, threads and mode.
@@ -268,6 +326,10 @@ class LlamaCppBackend:
         self.forward_calls = 0
         self.forward_seconds = 0.0
         self.forward_records: list[tuple[int, float]] | None = None  # (tokens, seconds) per call while a probe asks
+        # The latest forward / forward_batch: rows it decoded, sequences it served, llama_decode calls it made.
+        self.last_pass_rows = 0
+        self.last_pass_sequences = 0
+        self.last_pass_decodes = 0
         self._closer = weakref.finalize(self, _free_native, llama_cpp, self._batch, ctx, model)
 
     # -- caches -------------------------------------------------------------------------------------------
@@ -275,7 +337,7 @@ class LlamaCppBackend:
     def new_cache(self, capacity: int | None = None) -> LlamaCppSequence:
         capacity = min(capacity or self.max_context, self.max_context)
         if not self._free_sequences:
-            raise RuntimeError(f"{self.name}: all {MAX_SEQUENCES} llama.cpp sequences are in use")
+            raise RuntimeError(f"{self.name}: all {self.max_sequences} llama.cpp sequences are in use")
         seq_id = self._free_sequences.pop()
         self._llama.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
         return LlamaCppSequence(self, seq_id, capacity)
@@ -298,8 +360,9 @@ class LlamaCppBackend:
         began = time.perf_counter()
         first_output = n - num_logits
         rows: list[np.ndarray] = []
+        slices = self._slices(n, num_logits)
         try:
-            for lo, hi in self._slices(n, num_logits):
+            for lo, hi in slices:
                 want = max(0, hi - max(lo, first_output))
                 self._decode(tokens[lo:hi], start + lo, cache.seq_id, want)
                 cache.length = start + hi
@@ -311,12 +374,127 @@ class LlamaCppBackend:
             cache.length = start
             raise
         logits = torch.from_numpy(np.concatenate(rows) if len(rows) > 1 else rows[0])
+        self._count_pass(n, 1, len(slices), began)
+        return logits
+
+    def _count_pass(self, rows: int, sequences: int, decodes: int, began: float) -> None:
         seconds = time.perf_counter() - began
         self.forward_calls += 1
         self.forward_seconds += seconds
         if self.forward_records is not None:
-            self.forward_records.append((n, seconds))
-        return logits
+            self.forward_records.append((rows, seconds))
+        self.last_pass_rows = rows
+        self.last_pass_sequences = sequences
+        self.last_pass_decodes = decodes
+
+    def forward_batch(self, batch: Sequence[BatchRows]) -> list[torch.Tensor]:
+        """Append every entry's tokens to its cache in one flat llama.cpp batch (rows tagged with their sequence
+        ids); return float32 logits [num_logits, vocab] per entry, in order ([0, vocab] for num_logits 0).
+
+        Every entry is checked first (tokens, room, each cache at most once, caches of this backend); on any
+        error every cache is rolled back to its length before the call. Fast mode puts all rows in llama_decode
+        calls of batch_size rows. Exact mode decodes each entry's rows in the slices `forward` would use
+        (`_slices`): slices of at most invariant_rows rows (the row-invariant kernels) share calls of at most
+        invariant_rows rows with other sequences' slices, longer slices (prefill) get calls of their own, so a
+        sequence's logits are bit-identical to decoding it alone when every sequence has its own KV stream
+        (kv_unified off: exact mode with parallel > 1).
+        """
+        entries = list(batch)
+        seen: set[int] = set()
+        wanted: list[int] = []
+        for rows in entries:
+            cache = rows.cache
+            if not isinstance(cache, LlamaCppSequence) or cache._backend is not self:
+                raise ValueError(f"{self.name}: forward_batch needs caches made by this backend's new_cache")
+            if id(cache) in seen:
+                raise ValueError(f"{self.name}: a cache appears more than once in one forward_batch")
+            seen.add(id(cache))
+            if int(rows.num_logits) < 0:
+                raise ValueError(f"num_logits must be >= 0, got {rows.num_logits}")
+            forward_rows(rows.tokens, cache, 1, self.name)  # tokens and room
+            wanted.append(min(int(rows.num_logits), len(rows.tokens)))
+        if not entries:
+            return []
+        began = time.perf_counter()
+        starts = [rows.cache.length for rows in entries]
+        calls = self._batch_calls([len(rows.tokens) for rows in entries], wanted)
+        outputs: list[list[np.ndarray]] = [[] for _ in entries]
+        try:
+            for call in calls:
+                rows, owners = [], []
+                for i, lo, hi in call:
+                    entry, start = entries[i], starts[i]
+                    first_output = len(entry.tokens) - wanted[i]
+                    seq_id = entry.cache.seq_id
+                    for j in range(lo, hi):
+                        rows.append((entry.tokens[j], start + j, seq_id, j >= first_output))
+                        if j >= first_output:
+                            owners.append(i)
+                self._decode_rows(rows)
+                for i, lo, hi in call:
+                    entries[i].cache.length = starts[i] + hi
+                if owners:
+                    logits = self._read_logits(len(owners))  # llama.cpp returns them in batch order
+                    for i in sorted(set(owners)):
+                        outputs[i].append(logits[[k for k, owner in enumerate(owners) if owner == i]])
+        except BaseException:
+            # Leave every cache exactly as it was before this call.
+            for entry, start in zip(entries, starts):
+                entry.cache.length = start
+                self._llama.llama_memory_seq_rm(self._memory, entry.cache.seq_id, start, -1)
+            raise
+        results = []
+        for parts in outputs:
+            if not parts:
+                results.append(torch.zeros((0, self.vocab_size), dtype=torch.float32))
+            else:
+                results.append(torch.from_numpy(np.concatenate(parts) if len(parts) > 1 else parts[0]))
+        self._count_pass(sum(len(rows.tokens) for rows in entries), len(entries), len(calls), began)
+        return results
+
+    def _batch_calls(self, lengths: Sequence[int], wanted: Sequence[int]) -> list[list[tuple[int, int, int]]]:
+        """The llama_decode calls of a flat batch: each a list of (entry, lo, hi) row ranges, in decoding order.
+
+        Fast mode: all rows, entry after entry, cut into calls of batch_size rows. Exact mode: each entry's
+        slices as `forward` would cut them (a num_logits 0 entry as a prefill, like num_logits 1); a slice of at
+        most invariant_rows rows takes the row-invariant kernels in any call of at most invariant_rows rows, so
+        such slices of several sequences share calls that long; a longer slice (a prefill's full batches, whose
+        kernels depend on the rows beside them) is a call of its own with exactly the rows it has alone.
+        """
+        calls: list[list[tuple[int, int, int]]] = []
+        current: list[tuple[int, int, int]] = []
+        size = 0
+        if not self.batch_invariant:
+            for i, n in enumerate(lengths):
+                lo = 0
+                while lo < n:
+                    take = min(n - lo, self.batch_size - size)
+                    current.append((i, lo, lo + take))
+                    size += take
+                    lo += take
+                    if size == self.batch_size:
+                        calls.append(current)
+                        current, size = [], 0
+            if current:
+                calls.append(current)
+            return calls
+        limit = self.invariant_rows
+        for i, n in enumerate(lengths):
+            for lo, hi in self._slices(n, max(1, wanted[i])):
+                if hi - lo > limit:
+                    if current:
+                        calls.append(current)
+                        current, size = [], 0
+                    calls.append([(i, lo, hi)])
+                    continue
+                if size + hi - lo > limit:
+                    calls.append(current)
+                    current, size = [], 0
+                current.append((i, lo, hi))
+                size += hi - lo
+        if current:
+            calls.append(current)
+        return calls
 
     def _slices(self, n: int, num_logits: int) -> list[tuple[int, int]]:
         """Split [0, n) into llama_decode calls of at most batch_size rows.
@@ -344,7 +522,22 @@ class LlamaCppBackend:
             batch.seq_id[i][0] = seq_id
             batch.logits[i] = 1 if i >= first_logit else 0
         batch.n_tokens = count
-        status = self._llama.llama_decode(self._ctx, batch)
+        self._submit(count)
+
+    def _decode_rows(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
+        """One llama_decode of rows (token, position, sequence id, wants logits), at most batch_size of them."""
+        batch = self._batch
+        for i, (token, pos, seq_id, logits) in enumerate(rows):
+            batch.token[i] = int(token)
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq_id
+            batch.logits[i] = 1 if logits else 0
+        batch.n_tokens = len(rows)
+        self._submit(len(rows))
+
+    def _submit(self, count: int) -> None:
+        status = self._llama.llama_decode(self._ctx, self._batch)
         if status == 1:
             raise ContextOverflowError(f"{self.name}: no room left in the llama.cpp KV cache for {count} tokens")
         if status != 0:
@@ -365,6 +558,8 @@ class LlamaCppBackend:
             "model": model_type.value.decode("utf-8", "replace"), "parameters": int(llama.llama_model_n_params(self._model)),
             "file_bytes": self.gguf_path.stat().st_size, "vocab_size": self.vocab_size,
             "max_context": self.max_context, "threads": self.threads, "batch_invariant": self.batch_invariant,
+            "parallel": self.parallel, "max_sequences": self.max_sequences, "kv_unified": self.kv_unified,
+            "kv_cells": self.kv_cells,
             "runtime": self.runtime_summary(), "amx_check": self.amx_check,
             "batch_invariance_problems": self.batch_invariance_problems,
             "build": llama.llama_print_system_info().decode("utf-8", "replace").strip(),
