@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import threading
 import time
 
@@ -23,6 +25,7 @@ from specdec.metrics import SpecStats  # noqa: E402
 from specdec.models import ModelLoadError  # noqa: E402
 from specdec.pipeline import SpecDecoder  # noqa: E402
 from specdec.server import create_app  # noqa: E402
+from specdec.scheduler import StepOutput  # noqa: E402
 from specdec.server.worker import EngineWorker, Job  # noqa: E402
 from test_server import make_decoder, tiny_tokenizer  # noqa: E402
 
@@ -114,33 +117,64 @@ def test_api_key_is_enforced_on_v1_only(decoder):
 # --------------------------------------------------------------------------------------------- worker
 
 
+@dataclasses.dataclass
+class FakeSequence:
+    request_id: int
+    prompt: list
+    params: SamplingParams
+    stats: SpecStats
+    finish_reason: str | None = None
+    emitted: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
 class RecordingEngine:
-    """A stand-in engine: records the order requests start, one token per step."""
+    """A stand-in BatchEngine: records the order requests start and how many ran together, one token per step;
+    a step waits for the gate while the request with prompt [0] runs."""
 
-    def __init__(self, gate: threading.Event):
+    def __init__(self, gate: threading.Event, parallel: int = 1):
         self.gate = gate
+        self.max_running = parallel
+        self.running: list[FakeSequence] = []
         self.order: list[int] = []
-        self.active = 0
         self.max_active = 0
+        self.last_pass_rows = 0
+        self._ids = itertools.count()
 
-    def stream(self, prompt, params):
-        def run():
-            self.order.append(prompt[0])
-            self.active += 1
-            self.max_active = max(self.max_active, self.active)
-            self.last_stats = SpecStats(num_prompt_tokens=len(prompt))
-            try:
-                if prompt[0] == 0:
-                    assert self.gate.wait(10)
-                for i in range(params.max_tokens):
-                    time.sleep(0.001)
-                    done = i == params.max_tokens - 1
-                    self.last_stats.num_generated_tokens += 1
-                    yield Chunk([5], [False], f" t{prompt[0]}", "length" if done else None)
-            finally:
-                self.active -= 1
+    @property
+    def has_room(self) -> bool:
+        return len(self.running) < self.max_running
 
-        return run()
+    def add(self, prompt, params, tag=None):
+        sequence = FakeSequence(next(self._ids), list(prompt), params, SpecStats(num_prompt_tokens=len(prompt)))
+        self.order.append(prompt[0])
+        self.running.append(sequence)
+        self.max_active = max(self.max_active, len(self.running))
+        return sequence
+
+    def step(self):
+        if any(s.prompt[0] == 0 for s in self.running):
+            assert self.gate.wait(10)
+        time.sleep(0.001)
+        outputs = []
+        for sequence in list(self.running):
+            sequence.emitted += 1
+            sequence.stats.num_generated_tokens += 1
+            finish = "length" if sequence.emitted == sequence.params.max_tokens else None
+            if finish:
+                sequence.finish_reason = finish
+                self.running.remove(sequence)
+            outputs.append(StepOutput(sequence, [5], [False], f" t{sequence.prompt[0]}", finish))
+        self.last_pass_rows = len(outputs)
+        return outputs
+
+    def abort(self, sequence):
+        if sequence in self.running:
+            self.running.remove(sequence)
+        sequence.finish_reason = sequence.finish_reason or "abort"
 
 
 def test_worker_serves_one_job_at_a_time_first_come_first_served():
@@ -269,3 +303,28 @@ def test_specdec_serve_exits_with_the_load_error(monkeypatch, captured_servers, 
     assert not thread.is_alive()
     assert result["rc"] == 2
     assert "cannot find model 'org/missing'" in capsys.readouterr().err
+
+
+def test_worker_runs_up_to_parallel_jobs_together_first_come_first_served():
+    """--parallel 3: three jobs generate together, the rest wait in arrival order and start as slots free up."""
+    gate = threading.Event()
+    gate.set()
+    engine = RecordingEngine(gate, parallel=3)
+    worker = EngineWorker(engine)
+
+    async def main():
+        jobs = [Job([i + 1], SamplingParams(max_tokens=3 + i % 4)) for i in range(8)]
+        for job in jobs:
+            worker.submit(job)
+        results = []
+        for job in jobs:
+            texts = [event.chunk.text async for event in job.events_until_done() if event.kind == "chunk"]
+            results.append(("".join(texts), job.finish_reason))
+        return jobs, results
+
+    jobs, results = asyncio.run(main())
+    worker.shutdown()
+    assert engine.order == list(range(1, 9)) and engine.max_active == 3
+    for i, (text, reason) in enumerate(results):
+        assert text == f" t{i + 1}" * (3 + i % 4) and reason == "length"
+    assert all(job.first_token_at is not None for job in jobs)

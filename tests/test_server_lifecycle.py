@@ -170,25 +170,25 @@ def test_partial_headers_and_missing_bodies_time_out(decoder):
 
 
 class GatedEngine:
-    """Wraps the real engine; every generation waits for the gate first (a worker busy for as long as we like)."""
+    """Wraps the worker's BatchEngine; every step waits for the gate first (a worker busy for as long as we like)."""
 
-    def __init__(self, engine, gate: threading.Event):
-        self._engine = engine
+    def __init__(self, batch, gate: threading.Event):
+        self._batch = batch
         self._gate = gate
 
-    def stream(self, prompt, params):
+    def step(self):
         assert self._gate.wait(20)
-        yield from self._engine.stream(prompt, params)
+        return self._batch.step()
 
     def __getattr__(self, name):
-        return getattr(self._engine, name)
+        return getattr(self._batch, name)
 
 
 def test_queue_limit_answers_429_with_retry_after(decoder):
     app = create_app(decoder, served_model_name="tiny", limits=ServerLimits(max_queue=2))
     state = app.state.specdec
     gate = threading.Event()
-    state.worker.engine = GatedEngine(state.worker.engine, gate)
+    state.worker.batch = GatedEngine(state.worker.batch, gate)
     with Live(app) as live:
         calls = []
         try:
@@ -267,7 +267,7 @@ def test_graceful_drain(slow_decoder, grace, finishes):
     app = create_app(slow_decoder, served_model_name="tiny")
     state = app.state.specdec
     gate = threading.Event()  # holds the running stream until the stop has been requested
-    state.worker.engine = GatedEngine(state.worker.engine, gate)
+    state.worker.batch = GatedEngine(state.worker.batch, gate)
     max_tokens = 6 if finishes else 200  # 200 tokens take seconds on SlowBackend
     stream_body = {"prompt": "w1 w2", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     with Live(app, server_cls=GracefulServer, drain=lambda: state.drain(grace)) as live:

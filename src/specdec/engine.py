@@ -66,7 +66,6 @@ class SpeculativeEngine:
         self.target = target
         self.spec = self.batch.spec
         self.decode = self.batch.decode
-        self.last_stats: SpecStats | None = None
 
     @property
     def drafter(self) -> Drafter | None:
@@ -79,6 +78,12 @@ class SpeculativeEngine:
     @prefix_cache.setter
     def prefix_cache(self, value: bool) -> None:
         self.batch.prefix_cache = bool(value)  # read per request
+
+    @property
+    def last_stats(self) -> SpecStats | None:
+        """The statistics of the latest request started on this engine (also on its Generation)."""
+        sequence = self.batch.last_sequence
+        return sequence.stats if sequence is not None else None
 
     @property
     def cache(self):
@@ -145,7 +150,6 @@ class SpeculativeEngine:
         for earlier in list(batch.running):
             batch.abort(earlier)  # one slot: a stream left open by its caller ends here
         sequence = batch.add(prompt, params)
-        self.last_stats = sequence.stats
         try:
             while not sequence.finished:
                 for output in batch.step():

@@ -123,9 +123,18 @@ class BatchEngine:
         self.adaptive_policies: dict[str | None, object] = {}  # per draft source, for the engine's lifetime
         self.last_pass_rows = 0
         self.passes = 0
+        self.last_sequence: RunningSequence | None = None  # the latest admitted (its stats: SpeculativeEngine.last_stats)
         self._ids = itertools.count()
 
     # -- configuration ------------------------------------------------------------------------------------
+
+    def set_max_running(self, max_running: int) -> None:
+        """How many sequences may run together from the next admission on (a server's --parallel)."""
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        if self.drafter is not None and max_running > 1 and not hasattr(self.drafter, "spawn"):
+            raise ValueError(f"the {self.drafter.name} drafter cannot serve several sequences at once (no spawn())")
+        self.max_running = max_running
 
     @property
     def drafter(self) -> Drafter | None:
@@ -207,6 +216,7 @@ class BatchEngine:
         stats.num_cached_prompt_tokens = sequence.prefilled
         slot.sequence = sequence
         self.running.append(sequence)
+        self.last_sequence = sequence
         drafter = slot.drafter
         try:
             if drafter is not None:
@@ -316,14 +326,22 @@ class BatchEngine:
         return outputs
 
     def _prefill_plans(self) -> list[_Plan]:
+        """This step's prefill chunks: at most prefill_chunk prompt tokens in all, oldest request first.
+
+        A sequence's chunks are always whole (prefill_chunk tokens from where its prefill began, the last one
+        shorter), whatever else runs: a batch-invariant target computes a prompt's keys and values exactly as
+        alone only if its rows are split the same way. A chunk that does not fit this step's budget waits.
+        """
         budget = self.prefill_chunk
         plans = []
         for sequence in self.running:
-            if not sequence.prefilling or budget <= 0:
+            if not sequence.prefilling:
                 continue
-            end = min(len(sequence.prompt) - 1, sequence.prefilled + budget)
-            tokens = sequence.prompt[sequence.prefilled:end]
-            budget -= len(tokens)
+            size = min(self.prefill_chunk, len(sequence.prompt) - 1 - sequence.prefilled)
+            if size > budget:
+                break
+            tokens = sequence.prompt[sequence.prefilled:sequence.prefilled + size]
+            budget -= size
             plans.append(_Plan(sequence, BatchRows(tokens, sequence.slot.cache, 0), decode=False))
         return plans
 

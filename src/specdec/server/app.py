@@ -4,7 +4,7 @@
 answering at once (/health is 503) and loads the models on a background thread (/health 200 when
 ready). Requests are validated on the event loop (text too long to fit the context is refused by its
 length; the rest is tokenized on a helper thread, so a huge prompt never stalls the loop), then queued
-for the single engine worker. `ServerState.drain` is the graceful shutdown.
+for the engine worker, which generates up to `limits.parallel` of them together. `ServerState.drain` is the graceful shutdown.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ class ServerState:
             self.metrics.declare_positions(decoder.spec.num_speculative_tokens)
         self.decoder = decoder
         self.engine = engine
+        engine.batch.set_max_running(self.limits.parallel)
         self.worker = EngineWorker(engine, self.metrics)
         self._ready.set()
 
@@ -129,8 +130,8 @@ class ServerState:
             self.preparing -= 1
 
     async def drain(self, grace: float) -> None:
-        """Graceful shutdown: refuse new requests, end queued ones (503) and give the running one `grace`
-        seconds; if it is still going, end it with a 503 error event. Handlers then write their last bytes."""
+        """Graceful shutdown: refuse new requests, end queued ones (503) and give the running ones `grace`
+        seconds; those still going end with a 503 error event. Handlers then write their last bytes."""
         self.draining = True
         worker = self.worker
         if worker is None:
@@ -141,10 +142,11 @@ class ServerState:
         deadline = loop.time() + grace
         while not worker.idle and loop.time() < deadline:
             await asyncio.sleep(DRAIN_POLL_SECONDS)
-        current = worker.current
-        if current is not None:
-            log.warning("shutdown grace of %g s is over: ending the running request", grace)
-            current.cancel(error)
+        running = worker.running_jobs
+        if running:
+            log.warning("shutdown grace of %g s is over: ending %d running request(s)", grace, len(running))
+            for job in running:
+                job.cancel(error)
         deadline = loop.time() + 5.0  # the worker stops a cancelled job at its next engine step
         while not worker.idle and loop.time() < deadline:
             await asyncio.sleep(DRAIN_POLL_SECONDS)

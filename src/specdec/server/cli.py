@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
@@ -38,6 +39,9 @@ def register(commands) -> None:
     serve.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
                        help=f"largest request body accepted; larger is 413 (default {DEFAULT_MAX_REQUEST_BYTES}, "
                        "8 MiB)")
+    serve.add_argument("--parallel", "-np", type=int, default=1, metavar="N",
+                       help="requests generated together, each with room for --max-context tokens (continuous "
+                            "batching; llama-server's -np, vLLM's --max-num-seqs); more wait in the queue. Default 1")
     serve.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                        help=f"requests allowed to wait for the engine; more is 429 with Retry-After "
                        f"(default {DEFAULT_MAX_QUEUE})")
@@ -68,12 +72,13 @@ def _limits_from_args(args: argparse.Namespace):
     from ..cli import UserError
     from .limits import ServerLimits
 
-    for flag, value in (("--max-request-bytes", args.max_request_bytes), ("--max-queue", args.max_queue)):
+    for flag, value in (("--max-request-bytes", args.max_request_bytes), ("--max-queue", args.max_queue),
+                        ("--parallel", args.parallel)):
         if value < 1:
             raise UserError(f"{flag} must be at least 1, got {value}")
     if not 0 < args.read_timeout < math.inf:
         raise UserError(f"--read-timeout must be positive, got {args.read_timeout:g}")
-    return ServerLimits(args.max_request_bytes, args.max_queue, args.read_timeout)
+    return ServerLimits(args.max_request_bytes, args.max_queue, args.read_timeout, args.parallel)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -96,7 +101,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UserError(f"--shutdown-grace must be at least 0, got {args.shutdown_grace:g}")
     allowed_hosts = host_check_list(args.host, args.api_key, args.allowed_hosts)
     # Everything cheap is checked before minutes are spent loading models.
-    ref = model_ref_from_args(args)
+    ref = dataclasses.replace(model_ref_from_args(args), parallel=args.parallel)
     spec = spec_from_args(args, has_draft_model=ref.draft is not None)
 
     def load():

@@ -23,13 +23,17 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """How much one client may ask of the server: body size, queued requests, seconds to send a request."""
+    """How much one client may ask of the server: body size, queued requests, seconds to send a request; and how
+    many requests generate together."""
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_queue: int = DEFAULT_MAX_QUEUE
     read_timeout: float = DEFAULT_READ_TIMEOUT
+    parallel: int = 1  # requests generated together (llama-server's -np, vLLM's --max-num-seqs)
 
     def __post_init__(self) -> None:
+        if self.parallel < 1:
+            raise ValueError(f"parallel must be at least 1, got {self.parallel}")
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be at least 1, got {self.max_request_bytes}")
         if self.max_queue < 1:

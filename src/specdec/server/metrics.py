@@ -25,6 +25,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                40.0, 80.0)
+PASS_ROWS_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -67,7 +68,7 @@ class ServerMetrics:
         self._request_errors = counter(
             "specdec:request_errors", "Requests refused with an HTTP error, by status code.", ["status"]
         )
-        self._running = Gauge("specdec:num_requests_running", "Requests being generated (0 or 1).", m, registry=r)
+        self._running = Gauge("specdec:num_requests_running", "Requests being generated (at most --parallel).", m, registry=r)
         self._waiting = Gauge("specdec:num_requests_waiting", "Requests waiting in the FIFO queue.", m, registry=r)
 
         def histogram(name, doc, buckets):
@@ -82,6 +83,10 @@ class ServerMetrics:
         )
         self.e2e_request_latency = histogram(
             "specdec:e2e_request_latency_seconds", "End-to-end request latency.", REQUEST_BUCKETS
+        )
+        self.pass_rows = histogram(
+            "specdec:target_pass_rows", "Rows in one target pass (every running sequence's last token, drafts and "
+            "prefill chunk).", PASS_ROWS_BUCKETS,
         )
         self.request_queue_time = histogram(
             "specdec:request_queue_time_seconds", "Time a request waited in the queue.", REQUEST_BUCKETS

@@ -1,13 +1,13 @@
-"""One engine serves one request at a time: a FIFO queue of jobs drained by a single worker thread.
+"""One engine thread serves the queued requests, up to `parallel` of them together (continuous batching), first come first served.
 
 The model, its KV caches and the drafter's caches are not thread-safe, so exactly one thread ever
-touches them. HTTP handlers enqueue a Job and await its events on the event loop; the worker runs
-the engine's stream for each job in arrival order and hands every Chunk back with
-`loop.call_soon_threadsafe`, so the event loop never blocks on a forward pass. A job that is
-cancelled (client gone) stops at the next engine step; closing the stream runs the engine's
-`finally`, which leaves the caches consistent for the next job (holding the request's tokens, whose
-common prefix with the next prompt that job does not prefill again: see SpeculativeEngine). On shutdown, queued jobs
-are failed at once and the running one is ended with a `ServerShuttingDown` error event.
+touches them. HTTP handlers enqueue a Job and await its events on the event loop; the worker admits
+queued jobs into the engine's free sequence slots (scheduler.BatchEngine) in arrival order, runs one
+step for all running sequences at a time, and hands every sequence's output back with
+`loop.call_soon_threadsafe`, so the event loop never blocks on a forward pass. A job that is cancelled
+(client gone) leaves at the next step boundary, where its slot's cache is consistent (it keeps the
+request's tokens, whose common prefix with a later prompt is not prefilled again). On shutdown, queued
+jobs are failed at once and the running ones are ended with a `ServerShuttingDown` error event.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class Job:
         self.arrived_at = time.perf_counter()
         self.started_at: float | None = None
         self.first_token_at: float | None = None
+        self.last_step_at: float | None = None
         self.finished_at: float | None = None
         self.num_generated = 0
         self.finish_reason: str | None = None  # stop, length, abort or error
@@ -97,15 +98,19 @@ class Job:
 
 
 class EngineWorker:
-    """Owns the engine; runs queued jobs first come, first served, one at a time, on its own thread."""
+    """Owns the engine; admits queued jobs first come, first served while it has a free sequence slot, and runs
+    them together, one BatchEngine step at a time, on its own thread (continuous batching; `parallel` = the
+    engine's max_running, 1 = one request at a time)."""
 
     def __init__(self, engine, metrics: ServerMetrics | None = None, name: str = "specdec-engine"):
         self.engine = engine
+        self.batch = getattr(engine, "batch", engine)  # a SpeculativeEngine runs on a one-slot BatchEngine
         self.metrics = metrics
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._waiting = 0
         self._lock = threading.Lock()
-        self.current: Job | None = None
+        self._running: dict[int, tuple[Job, object, dict]] = {}  # request id -> (job, sequence, stats snapshot)
+        self._stopping = False
         self.jobs_started = 0
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -119,10 +124,21 @@ class EngineWorker:
         return self._waiting
 
     @property
+    def running_jobs(self) -> list[Job]:
+        with self._lock:
+            return [job for job, _, _ in self._running.values()]
+
+    @property
+    def current(self) -> Job | None:
+        """The oldest running job (None when none runs)."""
+        jobs = self.running_jobs
+        return jobs[0] if jobs else None
+
+    @property
     def idle(self) -> bool:
         """No job running and none queued (a job being handed from the queue counts as waiting)."""
         with self._lock:
-            return self.current is None and self._waiting == 0
+            return not self._running and self._waiting == 0
 
     def fail_waiting(self, error: BaseException) -> int:
         """End every queued job now with `error` (callable from any thread); returns how many."""
@@ -153,32 +169,138 @@ class EngineWorker:
         self._queue.put(job)
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop after the running job's next step; queued jobs are failed with ServerShuttingDown."""
-        current = self.current
-        if current is not None:
-            current.cancel(ServerShuttingDown("the server is shutting down"))
+        """Stop after the running jobs' next step; queued jobs are failed with ServerShuttingDown."""
+        for job in self.running_jobs:
+            job.cancel(ServerShuttingDown("the server is shutting down"))
         self._queue.put(None)
         self._thread.join(timeout)
 
+    # -- the worker thread --------------------------------------------------------------------------------
+
     def _serve(self) -> None:
         while True:
-            job = self._queue.get()
+            try:
+                if not self._admit():
+                    break
+                self._drop_cancelled()
+                if self._running:
+                    self._step()
+            except BaseException:  # never let one request kill the worker
+                log.exception("engine worker failed")
+                self._fail_running(RuntimeError("the engine failed; see the server log"))
+                time.sleep(0.1)  # a fault outside any request (admission itself) must not spin this thread
+        for job in self.running_jobs:  # stopping: the running jobs end with the shutdown error
+            job.cancel(ServerShuttingDown("the server is shutting down"))
+        self._drop_cancelled()
+        self._drain()
+
+    def _admit(self) -> bool:
+        """Move queued jobs into free slots (waiting for one when nothing runs); False once told to stop."""
+        while not self._stopping and self.batch.has_room:
+            try:
+                job = self._queue.get(block=not self._running)
+            except queue.Empty:
+                return True
             if job is None:
-                self._drain()
-                return
+                self._stopping = True
+                return False
             with self._lock:
                 self._waiting -= 1
-                self.current = job
             if self.metrics:
                 self.metrics.waiting.dec()
+            self._start(job)
+        return not self._stopping
+
+    def _start(self, job: Job) -> None:
+        job.started_at = time.perf_counter()
+        self.jobs_started += 1
+        metrics = self.metrics
+        if metrics:
+            metrics.request_queue_time.observe(job.started_at - job.arrived_at)
+        if job.cancelled:  # the client left while waiting (or the server is stopping): do no work
+            self._finish(job, "abort", None)
+            job.emit(Event("error", error=job.cancel_error) if job.cancel_error else Event("done"))
+            job.done.set()
+            return
+        try:
+            sequence = self.batch.add(job.prompt_ids, job.params, tag=job)
+        except Exception as exc:  # noqa: BLE001 - a request the engine refused: reported to its client
+            self._finish(job, "error", None)
+            job.emit(Event("error", error=exc))
+            job.done.set()
+            return
+        with self._lock:
+            self._running[sequence.request_id] = (job, sequence, {})
+        if metrics:
+            metrics.running.inc()
+            metrics.prompt_tokens(len(job.prompt_ids))
+
+    def _drop_cancelled(self) -> None:
+        """Cancelled jobs leave at this step boundary: their slots are free for the next step."""
+        for request_id, (job, sequence, snapshot) in list(self._running.items()):
+            if job.cancelled:
+                self.batch.abort(sequence)
+                self._end(request_id, None)
+
+    def _step(self) -> None:
+        metrics = self.metrics
+        outputs = self.batch.step()
+        if metrics:
+            metrics.pass_rows.observe(self.batch.last_pass_rows)
+        now = time.perf_counter()
+        for output in outputs:
+            request_id = output.sequence.request_id
+            entry = self._running.get(request_id)
+            if entry is None:
+                continue
+            job, sequence, snapshot = entry
+            if output.error is not None:
+                self._end(request_id, output.error)
+                continue
+            if output.tokens or output.finish_reason:
+                if metrics:
+                    if job.first_token_at is None:
+                        metrics.time_to_first_token.observe(now - job.arrived_at)
+                    else:
+                        metrics.inter_token_latency.observe(now - job.last_step_at)
+                    metrics.generation_tokens(len(output.tokens))
+                    metrics.add_stats_delta(sequence.stats, snapshot)
+                if job.first_token_at is None:
+                    job.first_token_at = now
+                job.last_step_at = now
+                job.num_generated += len(output.tokens)
+                if output.finish_reason is not None:
+                    job.finish_reason = output.finish_reason
+                job.emit(Event("chunk", chunk=Chunk(output.tokens, output.from_draft, output.text,
+                                                    output.finish_reason)))
+            if sequence.finished:
+                self._end(request_id, None)
+
+    def _end(self, request_id: int, error: BaseException | None) -> None:
+        """A job's sequence has left the engine: report its end (done, or the error that ended it)."""
+        with self._lock:
+            job, sequence, snapshot = self._running.pop(request_id)
+        metrics = self.metrics
+        if metrics:
+            metrics.running.dec()
+            metrics.add_stats_delta(sequence.stats, snapshot)
+        if error is None and job.cancel_error is not None and job.finish_reason not in ("stop", "length"):
+            error = job.cancel_error  # stopped from outside before its end: tell the client why
+        if error is None:
+            reason = job.finish_reason or "abort"
+        else:
+            reason = "abort" if error is job.cancel_error else "error"
+        self._finish(job, reason, sequence.stats)
+        job.emit(Event("error", error=error) if error is not None else Event("done"))
+        job.done.set()
+
+    def _fail_running(self, error: BaseException) -> None:
+        for request_id, (job, sequence, _) in list(self._running.items()):
             try:
-                self._run(job)
-            except BaseException:  # never let one request kill the worker
-                log.exception("engine worker failed on a request")
-            finally:
-                with self._lock:
-                    self.current = None
-                job.done.set()
+                self.batch.abort(sequence)
+            except Exception:  # noqa: BLE001 - already failing; the job must still be told
+                log.exception("could not end a sequence")
+            self._end(request_id, error)
 
     def _drain(self) -> None:
         while True:
@@ -190,63 +312,6 @@ class EngineWorker:
                 job.finish_reason = "abort"
                 job.emit(Event("error", error=ServerShuttingDown("the server is shutting down")))
                 job.done.set()
-
-    def _run(self, job: Job) -> None:
-        job.started_at = time.perf_counter()
-        self.jobs_started += 1
-        metrics = self.metrics
-        if metrics:
-            metrics.request_queue_time.observe(job.started_at - job.arrived_at)
-        if job.cancelled:  # the client left while waiting (or the server is stopping): do no work
-            self._finish(job, "abort", None)
-            job.emit(Event("error", error=job.cancel_error) if job.cancel_error else Event("done"))
-            return
-        if metrics:
-            metrics.running.inc()
-            metrics.prompt_tokens(len(job.prompt_ids))
-        before_stats = getattr(self.engine, "last_stats", None)
-        snapshot: dict = {}
-        stream = None
-        last_step = None
-        error: BaseException | None = None
-        try:
-            stream = self.engine.stream(job.prompt_ids, job.params)
-            for chunk in stream:
-                now = time.perf_counter()
-                if metrics:
-                    if job.first_token_at is None:
-                        metrics.time_to_first_token.observe(now - job.arrived_at)
-                    else:
-                        metrics.inter_token_latency.observe(now - last_step)
-                    metrics.generation_tokens(len(chunk.tokens))
-                    metrics.add_stats_delta(self.engine.last_stats, snapshot)
-                if job.first_token_at is None:
-                    job.first_token_at = now
-                last_step = now
-                job.num_generated += len(chunk.tokens)
-                if chunk.finish_reason is not None:
-                    job.finish_reason = chunk.finish_reason
-                job.emit(Event("chunk", chunk=chunk))
-                if job.cancelled:
-                    break
-        except Exception as exc:  # noqa: BLE001 - reported to the client as an error event
-            error = exc
-        finally:
-            if stream is not None:
-                stream.close()  # runs the engine's finally: caches trimmed, stats merged
-            if metrics:
-                metrics.running.dec()
-        stats = self.engine.last_stats if getattr(self.engine, "last_stats", None) is not before_stats else None
-        if metrics and stats is not None:
-            metrics.add_stats_delta(stats, snapshot)
-        if error is None and job.cancel_error is not None and job.finish_reason not in ("stop", "length"):
-            error = job.cancel_error  # stopped from outside before its end: tell the client why
-        if error is None:
-            reason = job.finish_reason or "abort"
-        else:
-            reason = "abort" if error is job.cancel_error else "error"
-        self._finish(job, reason, stats)
-        job.emit(Event("error", error=error) if error is not None else Event("done"))
 
     def _finish(self, job: Job, reason: str, stats: SpecStats | None) -> None:
         job.finished_at = time.perf_counter()
