@@ -73,8 +73,10 @@ def register(commands) -> None:
                        help="output directory for results.json, results.md, bench.png (default: bench-results/)")
     bench.add_argument("--no-plot", dest="plot", action="store_false", help="do not draw bench.png")
     from .gpu_cli import add_gpu_arguments
+    from .serving_cli import add_serving_arguments
 
     add_gpu_arguments(bench)
+    add_serving_arguments(bench)
     # HumanEval chat prompts stay under ~1k tokens, Spec-Bench's first turns under ~1.7k; a smaller KV cache
     # per engine keeps a 10-method run lean.
     bench.set_defaults(handler=run_bench_command, max_context=2048)
@@ -162,6 +164,12 @@ def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
     """The `specdec bench` handler; `decoder` (an already loaded SpecDecoder) skips model loading."""
     from .gpu_cli import run_gpu_bench_command, wants_gpu_bench
 
+    if getattr(args, "serve", False):
+        if decoder is not None:
+            raise ConfigError("--serve starts its own servers; it takes no loaded decoder")
+        from .serving_cli import run_serving_command
+
+        return run_serving_command(args)
     thread_counts = parse_thread_list(args.threads)
     if decoder is None and wants_gpu_bench(args):
         if len(thread_counts) > 1:
