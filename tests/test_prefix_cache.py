@@ -445,6 +445,13 @@ def _recording(backend):
         return real(tokens, cache, num_logits)
 
     backend.forward = forward
+    real_batch = backend.forward_batch
+
+    def forward_batch(batch):  # the engine's path: one entry per running sequence
+        calls.extend(list(rows.tokens) for rows in batch)
+        return real_batch(batch)
+
+    backend.forward_batch = forward_batch
     return calls
 
 

@@ -93,6 +93,17 @@ class TopKRecorder:
         self.rows += list(zip(ids, log_probs))
         return logits
 
+    def forward_batch(self, batch) -> list[torch.Tensor]:
+        """The engine's path (one pass over its sequences' rows): recorded like forward."""
+        from ..backends.base import forward_batch
+
+        results = forward_batch(self.backend, batch)
+        for logits in results:
+            if len(logits):
+                ids, log_probs = topk_log_probs(logits, self.top_k)
+                self.rows += list(zip(ids, log_probs))
+        return results
+
     def __getattr__(self, name):
         return getattr(self.backend, name)
 
