@@ -235,3 +235,52 @@ def test_load_aware_policy_drafts_where_rows_are_cheap_and_not_where_they_are_de
         policy.other_rows, policy.other_tokens = 3, 3.0
         assert (policy.best_k() > 0) == drafts_beside_others, (curve, policy.snapshot())
         assert policy.verify_cost(2) == pytest.approx(np.interp(5, sorted(curve), [curve[s] for s in sorted(curve)]))
+
+
+class CountingPasses:
+    """Wraps a backend with a native forward_batch that counts passes (one per call), as llama.cpp has."""
+
+    def __init__(self, backend):
+        self._backend = backend
+        self.passes = 0
+
+    def forward_batch(self, batch):
+        from specdec.backends.base import forward_batch
+
+        self.passes += 1
+        results = []
+        for rows in batch:  # one "pass" over every entry (each computed by the wrapped backend)
+            results += forward_batch(self._backend, [rows])
+        return results
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
+def test_draft_model_drafts_for_all_sequences_in_shared_passes():
+    """Three sequences drafting k=3 with one draft model: each round of drafting is one draft pass for all of them
+    (about k passes a step, not 3 * k), and the outputs are still each sequence's solo output."""
+    target = PrefixLM(vocab=12, seed=3, max_context=128)
+    draft = CountingPasses(PrefixLM(vocab=12, seed=4, scale=0.5, base=target, max_context=128))
+    drafter, spec = spec_pieces(target, draft)
+    batch = BatchEngine(target, drafter, spec, max_running=3)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    sequences = [batch.add(p, params) for p in PROMPTS[:3]]
+    tokens = {s.request_id: [] for s in sequences}
+    for output in batch.step():  # the prefill step (a one-token prompt already decodes)
+        tokens[output.sequence.request_id] += output.tokens
+    steps = checked = 0
+    while batch.running:
+        before = draft.passes
+        drafting = sum(1 for s in batch.running if not s.prefilling)
+        for output in batch.step():
+            tokens[output.sequence.request_id] += output.tokens
+        steps += 1
+        if drafting == 3 and steps > 1:
+            assert draft.passes - before <= 3 + 1, draft.passes - before  # k forwards (+ a catch-up), shared
+            checked += 1
+    assert checked >= 3
+    for sequence in sequences:
+        solo_drafter, solo_spec = spec_pieces(target, draft)
+        want = SpeculativeEngine(target, solo_drafter, solo_spec).generate(sequence.prompt, params).tokens
+        assert tokens[sequence.request_id] == want

@@ -30,6 +30,11 @@ on every token decoded since it last ran. When even perfect acceptance could not
 the measured costs, it does not explore at all. Decisions are a pure function of the updates it was fed:
 no random numbers and no clock of its own, so it is unit-testable with synthetic timings.
 
+Continuous batching (other_rows, other_tokens set per step by the scheduler): when other sequences
+share the target pass, rate(k) is the pass's: (other_tokens + E[tokens | k]) / c(other_rows + k + 1) on
+the measured curve, so a draft row is bought at its marginal cost in that pass only if it yields tokens
+faster than the pass already does (load-aware: less drafting on a CPU's steep curve as load grows).
+
 Note: in sampled mode the emitted text is exactly target-distributed whatever k is chosen, but the
 k sequence depends on wall-clock measurements, so the same seed reproduces the same text only with
 the fixed or heuristic policies (greedy output never depends on k).
@@ -241,8 +246,8 @@ class AdaptiveK:
     def next_k(self) -> int:
         self._decisions += 1
         curve_priced = self.other_rows > 0 and bool(self.pass_costs)  # shared passes: rows priced on the curve
-        if (not self._verify and not curve_priced) or self._draft_cost.count == 0:
-            k = self.prior_k  # nothing measured yet
+        if not curve_priced and (not self._verify or self._draft_cost.count == 0):
+            k = self.prior_k  # nothing measured yet (in a shared pass the curve prices rows from the start)
         elif 1 not in self._verify and not curve_priced:
             # One plain step, once: its cost is what every draft must beat, and sizes below the smallest
             # measured one are never extrapolated to be cheaper, so k = 0 could not be found otherwise.

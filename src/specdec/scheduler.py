@@ -172,7 +172,8 @@ class BatchEngine:
 
     def calibrate(self, sizes=None) -> dict[int, float]:
         """Measure the target's pass cost per row count on slot 0's cache (calibration.py) and keep it on the
-        backend, where every adaptive policy made afterwards reads it. Only between requests."""
+        backend, where every adaptive policy made afterwards reads it: 1 to k + 1 rows, and up to
+        max_running * (k + 1) (at most 64) when several sequences may share a pass. Only between requests."""
         from .calibration import DEFAULT_SIZES, cached_pass_costs, measure_pass_costs
 
         if self.running:
@@ -180,7 +181,9 @@ class BatchEngine:
         slot = self.slots[0]
         cache = self.cache_of(slot)
         k = self.spec.num_speculative_tokens
-        sizes = sizes or sorted({s for s in DEFAULT_SIZES if s <= k + 1} | {1, k + 1})
+        # Several sequences share a pass: the load-aware policy reads the curve up to all their rows.
+        most = min((k + 1) * self.max_running, max(DEFAULT_SIZES))
+        sizes = sizes or sorted({s for s in DEFAULT_SIZES if s <= most} | {1, k + 1})
         options = getattr(self.target, "calibration_options", {})
 
         def measure(wanted):
@@ -287,14 +290,28 @@ class BatchEngine:
         plans = self._prefill_plans()
         prefill_rows = sum(len(p.rows.tokens) for p in plans)
         deciders = [s for s in self.running if not s.prefilling]
+        chosen = []
         for index, sequence in enumerate(deciders):
-            # Rows the others put in this pass: the ones planned so far, and at least one per sequence to come.
-            others = prefill_rows + sum(len(p.rows.tokens) for p in plans if p.decode) + len(deciders) - index - 1
+            # Rows the others put in this pass: prefill chunks, the drafts chosen so far, one per sequence to come.
+            others = prefill_rows + sum(1 + k for _, _, k in chosen) + len(deciders) - index - 1
             try:
-                plans.append(self._decode_plan(sequence, others, len(deciders) - 1))
+                chosen.append((sequence, *self._choose_k(sequence, others, len(deciders) - 1)))
             except Exception as exc:  # noqa: BLE001 - a drafter failed: that sequence ends, the others go on
                 self._leave(sequence, "error", clean=False)
                 outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+        for group in self._drafting_groups(chosen):
+            try:
+                drafts = self._draft(group)
+            except Exception as exc:  # noqa: BLE001 - the sequences whose drafts failed end; the others go on
+                for sequence, _, _ in group:
+                    self._leave(sequence, "error", clean=False)
+                    outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+                continue
+            for (sequence, policy, k), draft in zip(group, drafts):
+                proposed = draft.tokens[: max(k, 0)]
+                sequence.stats.draft_seconds += draft.seconds
+                rows = BatchRows([sequence.context[-1]] + proposed, sequence.slot.cache, len(proposed) + 1)
+                plans.append(_Plan(sequence, rows, decode=True, proposed=proposed, draft=draft, policy=policy))
         if not plans:
             return outputs
         began = time.perf_counter()
@@ -366,27 +383,51 @@ class BatchEngine:
                                         getattr(self.target, "pass_costs", None))
         return owner[source]
 
-    def _decode_plan(self, sequence: RunningSequence, other_rows: int, other_sequences: int) -> _Plan:
+    def _choose_k(self, sequence: RunningSequence, other_rows: int, other_sequences: int) -> tuple[object, int]:
+        """This step's draft length for one sequence, and the policy that chose it (None: nothing to draft)."""
         # Invariant: the target cache holds every context token except the last.
         remaining = sequence.params.max_tokens - sequence.generated
         room = sequence.slot.cache.capacity - len(sequence.context)
         drafter = sequence.slot.drafter
-        policy, k = None, 0
-        if drafter is not None:
-            # Sources differ in acceptance and cost (an n-gram copy vs a draft model), so each has its own
-            # policy; None means the drafter has nothing to propose: a plain step.
-            context = sequence.context
-            source = drafter.next_source(context) if hasattr(drafter, "next_source") else drafter.name
-            if source is not None:
-                policy = self._policy(sequence, source)
-                if hasattr(policy, "other_rows"):
-                    policy.other_rows, policy.other_tokens = other_rows, float(other_sequences)
-                k = min(policy.next_k(), remaining - 1, room - 1)
-        draft = drafter.propose(sequence.context, k) if k > 0 else Draft([])
-        proposed = draft.tokens[: max(k, 0)]
-        sequence.stats.draft_seconds += draft.seconds
-        rows = BatchRows([sequence.context[-1]] + proposed, sequence.slot.cache, len(proposed) + 1)
-        return _Plan(sequence, rows, decode=True, proposed=proposed, draft=draft, policy=policy)
+        if drafter is None:
+            return None, 0
+        # Sources differ in acceptance and cost (an n-gram copy vs a draft model), so each has its own policy;
+        # None means the drafter has nothing to propose: a plain step.
+        context = sequence.context
+        source = drafter.next_source(context) if hasattr(drafter, "next_source") else drafter.name
+        if source is None:
+            return None, 0
+        policy = self._policy(sequence, source)
+        if hasattr(policy, "other_rows"):
+            policy.other_rows, policy.other_tokens = other_rows, float(other_sequences)
+        return policy, min(policy.next_k(), remaining - 1, room - 1)
+
+    @staticmethod
+    def _drafting_groups(chosen: list) -> list[list]:
+        """The sequences whose drafters can draft together (one draft model: its forwards share passes), and each
+        other sequence on its own, in order."""
+        groups: list[list] = []
+        together: dict[tuple, list] = {}
+        for entry in chosen:
+            drafter = entry[0].slot.drafter
+            batchable = entry[2] > 0 and hasattr(type(drafter), "propose_batch")
+            if not batchable:
+                groups.append([entry])
+                continue
+            key = (type(drafter), id(getattr(drafter, "backend", None)))
+            if key not in together:
+                together[key] = []
+                groups.append(together[key])
+            together[key].append(entry)
+        return groups
+
+    @staticmethod
+    def _draft(group: list) -> list[Draft]:
+        if len(group) > 1:
+            drafter = group[0][0].slot.drafter
+            return type(drafter).propose_batch([(s.slot.drafter, s.context, k) for s, _, k in group])
+        sequence, _, k = group[0]
+        return [sequence.slot.drafter.propose(sequence.context, k) if k > 0 else Draft([])]
 
     def _finish_decode(self, plan: _Plan, logits: torch.Tensor, target_seconds: float, shared: bool) -> StepOutput:
         sequence, proposed, draft, params = plan.sequence, plan.proposed, plan.draft, plan.sequence.params

@@ -7,8 +7,8 @@ from typing import Sequence
 
 import torch
 
-from ..backends.base import embeddable_ids
 from ..config import SamplingParams, SpecConfig
+from ..backends.base import BatchRows, embeddable_ids, forward_batch
 from ..kvcache import RetainedPrefix
 from ..sampling import greedy_tokens, probabilities, sample_token
 from .base import Draft, register_drafter
@@ -84,30 +84,28 @@ class DraftModelDrafter:
         return self.name if self.can_draft(context) else None
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
-        began = time.perf_counter()
-        room = self.cache.capacity - len(context)
-        k = max(0, min(k, room))
-        if k == 0 or not self.can_draft(context):
-            return Draft([], None, time.perf_counter() - began)
-        try:
-            return self._propose(context, k, began)
-        except BaseException:
-            self.retained.drop()  # a forward failed part way: what the cache holds is not certain
-            raise
+        return propose_together([(self, context, k)])[0]
 
-    def _propose(self, context: Sequence[int], k: int, began: float) -> Draft:
+    @staticmethod
+    def propose_batch(requests: Sequence[tuple["DraftModelDrafter", Sequence[int], int]]) -> list[Draft]:
+        """Drafts for several sequences at once (the scheduler's hook): see propose_together."""
+        return propose_together(requests)
+
+    def _drafting(self, context: Sequence[int], k: int):
+        """Draft k tokens as a coroutine: yields each forward it needs (BatchRows on its cache) and receives that
+        forward's logits, so several drafters' forwards can share one pass (propose_together). Returns the tokens
+        and their distributions (None when greedy)."""
         held = self.retained.tokens  # what the cache holds, kept in step with every forward and trim
         pending = list(context[self.cache.length :])
-        catchup = 0.0
         if len(pending) > 2:
             # More than the usual 1-2 tokens behind: feed the backlog as its own (prefill-like) forward.
-            self.backend.forward(pending[:-1], self.cache, num_logits=1)
+            yield BatchRows(pending[:-1], self.cache, 0)
             held += pending[:-1]
             pending = pending[-1:]
             if not self._prompt_fed:
-                catchup = time.perf_counter() - began
+                yield _CATCHUP_DONE
         self._prompt_fed = True
-        logits = self.backend.forward(pending, self.cache, num_logits=1)[-1]
+        logits = (yield BatchRows(pending, self.cache, 1))[-1]
         held += pending
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
@@ -126,12 +124,11 @@ class DraftModelDrafter:
                 break
             tokens.append(token)
             if i < k - 1:
-                logits = self.backend.forward([token], self.cache, num_logits=1)[-1]
+                logits = (yield BatchRows([token], self.cache, 1))[-1]
                 held.append(token)
         self._fed_draft = len(tokens) - 1 if len(tokens) == k else len(tokens)
         # The cache now holds context + every proposed token except possibly the last.
-        probs = torch.stack(rows) if rows else None
-        return Draft(tokens, probs, time.perf_counter() - began - catchup, catchup)
+        return tokens, (torch.stack(rows) if rows else None)
 
     def accepted(self, num_accepted: int, num_proposed: int) -> None:
         dropped = self.cache.trim(max(0, self._fed_draft - num_accepted))
@@ -142,6 +139,62 @@ class DraftModelDrafter:
     def end(self) -> None:
         """Keep the cache's tokens for the next request (emptied when prefix_cache is off)."""
         self.retained.release(self.prefix_cache)
+
+
+_CATCHUP_DONE = object()  # yielded by _drafting once the first catch-up (the prompt) has been fed
+
+
+def propose_together(requests: Sequence[tuple["DraftModelDrafter", Sequence[int], int]]) -> list[Draft]:
+    """Drafts for several sequences, (drafter, context, k) each, whose draft models share a backend: every round
+    runs one forward over all their pending rows (backends.base.forward_batch), so a draft model drafts for N
+    sequences in about k passes instead of N * k. One request is the single-sequence propose().
+
+    Each Draft's seconds are its share of the drafting time (the whole time over the drafters in it), less the
+    first catch-up on the prompt (catchup_seconds), which is kept out of the per-token cost model.
+    """
+    began = time.perf_counter()
+    drafts: list[Draft | None] = [None] * len(requests)
+    running: dict[int, object] = {}
+    catchup: dict[int, float] = {}
+    for index, (drafter, context, k) in enumerate(requests):
+        room = drafter.cache.capacity - len(context)
+        k = max(0, min(k, room))
+        if k == 0 or not drafter.can_draft(context):
+            drafts[index] = Draft([], None, 0.0)
+        else:
+            running[index] = drafter._drafting(context, k)
+    sent: dict[int, object] = {index: None for index in running}
+    try:
+        while running:
+            wanted: dict[int, BatchRows] = {}
+            for index in list(running):
+                try:
+                    request = running[index].send(sent[index])
+                    while request is _CATCHUP_DONE:
+                        catchup[index] = time.perf_counter() - began
+                        request = running[index].send(None)
+                    wanted[index] = request
+                except StopIteration as done:
+                    tokens, probs = done.value
+                    drafts[index] = Draft(tokens, probs)
+                    del running[index]
+            if not wanted:
+                break
+            backend = requests[next(iter(wanted))][0].backend
+            logits = forward_batch(backend, list(wanted.values()))
+            sent = dict(zip(wanted, logits))
+    except BaseException:
+        for drafter, _, _ in requests:
+            drafter.retained.drop()  # a forward failed part way: what the caches hold is not certain
+        raise
+    share = (time.perf_counter() - began) / max(1, sum(1 for d in drafts if d is not None and d.tokens))
+    for index, draft in enumerate(drafts):
+        if draft.tokens:
+            draft.catchup_seconds = catchup.get(index, 0.0)
+            draft.seconds = max(0.0, share - draft.catchup_seconds)
+        else:
+            draft.seconds = time.perf_counter() - began if len(requests) == 1 else 0.0
+    return drafts
 
 
 register_drafter("draft_model", lambda draft_backend=None, spec=None, **kw: DraftModelDrafter(draft_backend, spec))
