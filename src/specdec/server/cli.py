@@ -55,6 +55,9 @@ def register(commands) -> None:
                        help="Host header names accepted (any port), checked against DNS rebinding. Default: "
                        "localhost, 127.0.0.1 and [::1] when bound to loopback without --api-key, else no check; "
                        "'*' turns the check off")
+    from .ray_cli import add_ray_arguments
+
+    add_ray_arguments(serve)
     serve.set_defaults(handler=run_serve)
 
 
@@ -103,6 +106,10 @@ def run_serve(args: argparse.Namespace) -> int:
     # Everything cheap is checked before minutes are spent loading models.
     ref = dataclasses.replace(model_ref_from_args(args), parallel=args.parallel)
     spec = spec_from_args(args, has_draft_model=ref.draft is not None)
+    from .ray_cli import ray_requested, run_ray_serve
+
+    if ray_requested(args):  # N replicas on Ray Serve, each loading its own pair (ray_serve.py)
+        return run_ray_serve(args)
 
     def load():
         from ..pipeline import SpecDecoder

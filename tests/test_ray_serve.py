@@ -1,0 +1,418 @@
+"""`specdec serve --replicas`: Ray Serve replicas of the engine behind one OpenAI endpoint (server/ray_serve.py).
+
+The pure parts (affinity keys, rendezvous order, holding back a stream's opening, merged metrics, flag checks)
+run without Ray. The rest starts its own local Ray instance (2 CPUs, no dashboard) with 2 engine replicas on
+tiny GGUF files written here, loaded by each replica through the normal model-loading path, and stops it at
+the end: OpenAI client chat and streaming through Ray's proxy, greedy output identical to `specdec serve`'s
+app on the same pair, affinity, metrics, and a replica killed with SIGKILL mid-stream: its stream ends with a
+clear error event, the request queued behind it is answered by the other replica, a stream on the other
+replica is untouched, and Ray Serve starts a replacement that serves later requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from specdec.server import ray_affinity
+from specdec.server.ray_metrics import ReplicaBoard, merged_exposition, summary, totals_of
+
+# ------------------------------------------------------------------------------------- affinity (no Ray)
+
+
+def test_affinity_key_prefers_the_session_header_then_openai_fields_then_the_conversation_opening():
+    chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}
+    later = {"messages": chat["messages"] + [{"role": "assistant", "content": "hello"},
+                                             {"role": "user", "content": "more"}], "max_tokens": 9}
+    body = json.dumps(chat).encode()
+    key = ray_affinity.affinity_key({}, body)
+    assert key.startswith("chat:") and key == ray_affinity.affinity_key({}, json.dumps(later).encode())
+    other = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "bye"}]}
+    assert ray_affinity.affinity_key({}, json.dumps(other).encode()) != key
+    assert ray_affinity.affinity_key({"x-session-id": "s1"}, body).startswith("session:")
+    assert ray_affinity.affinity_key([(b"X-Session-ID", b"s1")], body) == ray_affinity.affinity_key(
+        {"x-session-id": "s1"}, None)
+    assert ray_affinity.affinity_key({}, json.dumps({**chat, "user": "u"}).encode()).startswith("user:")
+    assert ray_affinity.affinity_key({}, json.dumps({**chat, "user": "u", "prompt_cache_key": "p"}).encode()
+                                     ).startswith("prompt_cache_key:")
+    long_prompt = "x" * 300
+    assert ray_affinity.affinity_key({}, json.dumps({"prompt": long_prompt}).encode()) == ray_affinity.affinity_key(
+        {}, json.dumps({"prompt": long_prompt + " and more"}).encode())
+    assert ray_affinity.affinity_key({}, json.dumps({"prompt": [[1, 2, 3]]}).encode()).startswith("tokens:")
+    for unkeyed in (b"", b"{oops", b"[1]", json.dumps({"messages": [{"role": "system", "content": "s"}]}).encode()):
+        assert ray_affinity.affinity_key({}, unkeyed) is None
+
+
+def test_rendezvous_order_is_stable_and_moves_only_the_keys_of_a_removed_replica():
+    replicas = ["r1", "r2", "r3"]
+    keys = [f"session:{i}" for i in range(300)]
+    first = {key: ray_affinity.rank(key, replicas)[0] for key in keys}
+    assert first == {key: ray_affinity.rank(key, list(reversed(replicas)))[0] for key in keys}
+    assert all(60 < sum(1 for r in first.values() if r == replica) < 140 for replica in replicas)
+    after = {key: ray_affinity.rank(key, ["r1", "r3"])[0] for key in keys}
+    assert all(after[key] == first[key] for key in keys if first[key] != "r2")
+
+
+def test_only_the_chat_streams_opening_role_delta_may_be_held_back():
+    def ev(payload):
+        return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+    role = ev({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+    text = ev({"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]})
+    assert ray_affinity.only_opening_events(role)
+    assert not ray_affinity.only_opening_events(role + text)
+    assert not ray_affinity.only_opening_events(role[:-1])  # not a whole event
+    assert not ray_affinity.only_opening_events(ev({"error": {"message": "x"}}))
+    assert not ray_affinity.only_opening_events(b"data: [DONE]\n\n")
+    assert not ray_affinity.only_opening_events(ev({"choices": [], "usage": {}}))
+    assert ray_affinity.is_event_stream([(b"content-type", b"text/event-stream; charset=utf-8")])
+    assert not ray_affinity.is_event_stream([(b"content-type", b"application/json")])
+
+
+# ------------------------------------------------------------------------------------- metrics (no Ray)
+
+
+def _exposition(generated: int, accepted: int, proposed: int, drafts: int) -> str:
+    from specdec.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics("m")
+    metrics.generation_tokens(generated)
+    metrics._num_accepted_tokens.labels("m").inc(accepted)
+    metrics._num_draft_tokens.labels("m").inc(proposed)
+    metrics._num_drafts.labels("m").inc(drafts)
+    return metrics.exposition()[0].decode()
+
+
+def test_merged_metrics_label_each_replica_and_the_summary_adds_them_up():
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    a, b = _exposition(100, 30, 60, 20), _exposition(50, 10, 40, 10)
+    text = merged_exposition({"A": a, "B": b}).decode()
+    samples = {(s.name, s.labels.get("replica")): s.value for f in text_string_to_metric_families(text)
+               for s in f.samples}
+    assert samples[("specdec:generation_tokens_total", "A")] == 100
+    assert samples[("specdec:generation_tokens_total", "B")] == 50
+    assert text.count("# TYPE specdec:generation_tokens_total counter") == 1
+    now = [0.0]
+    board = ReplicaBoard(clock=lambda: now[0])
+    board.report("A", {"pid": 1}, _exposition(0, 0, 0, 0))
+    board.report("B", {"pid": 2}, b)
+    now[0] = 2.0
+    board.report("A", {"pid": 1}, a)
+    view = summary(board.snapshot(), {"retried": 1})
+    total = view["aggregate"]
+    assert total["replicas"] == 2 and total["generation_tokens"] == 150
+    assert total["acceptance_rate"] == pytest.approx(40 / 100) and total["mean_acceptance_length"] == pytest.approx(
+        1 + 40 / 30, abs=1e-4)
+    assert view["replicas"][0]["tokens_per_second_1m"] == pytest.approx(50.0) and view["ingress"] == {"retried": 1}
+    assert totals_of(a)["num_drafts"] == 20
+    now[0] = 10.0  # neither has reported for longer than STALE_SECONDS: both are gone
+    assert board.snapshot() == {"replicas": []}
+
+
+# ------------------------------------------------------------------------------------- flags (no Ray needed)
+
+
+def _serve_args(*argv):
+    from specdec import cli
+
+    return cli.build_parser().parse_args(["serve", *argv])
+
+
+def test_ray_flags_are_checked_before_anything_starts():
+    pytest.importorskip("fastapi")
+    from specdec.cli import UserError
+    from specdec.server.ray_cli import ray_requested
+
+    assert not ray_requested(_serve_args("m.gguf"))
+    assert ray_requested(_serve_args("m.gguf", "--replicas", "2"))
+    assert ray_requested(_serve_args("m.gguf", "--max-replicas", "3"))
+    with pytest.raises(UserError, match="--replicas"):
+        ray_requested(_serve_args("m.gguf", "--ray-address", "auto"))
+    ray = pytest.importorskip("ray")  # noqa: F841 - scaling_from_args builds ray_serve's Scaling
+    from specdec.server.ray_cli import scaling_from_args
+
+    scaling = scaling_from_args(args := _serve_args("m.gguf", "--replicas", "2", "--replica-cpus", "1"))
+    assert (scaling.replicas, scaling.autoscaling, scaling.max_ongoing_requests, args.threads) == (2, False, 2, 1)
+    scaling = scaling_from_args(_serve_args("m.gguf", "--min-replicas", "1", "--max-replicas", "4", "--parallel", "2"))
+    assert scaling.autoscaling and scaling.target_ongoing_requests == 2 and scaling.max_ongoing_requests == 3
+    for bad in (["--replicas", "0"], ["--min-replicas", "3", "--max-replicas", "2"],
+                ["--replicas", "5", "--max-replicas", "2"], ["--replicas", "2", "--max-ongoing-requests", "1",
+                                                             "--parallel", "2"],
+                ["--replicas", "2", "--target-ongoing-requests", "0"]):
+        with pytest.raises(UserError):
+            scaling_from_args(_serve_args("m.gguf", *bad))
+
+
+def test_the_serve_run_builder_takes_specdec_serve_flags():
+    pytest.importorskip("ray")
+    from specdec.server.ray_serve import ENGINE, app_builder, engine_options
+
+    app = app_builder({"model": "m.gguf", "draft": "d.gguf", "threads": 1, "exact": True, "replicas": 3})
+    assert app is not None
+    from specdec.server.ray_cli import scaling_from_args
+
+    options = engine_options(scaling_from_args(_serve_args("m.gguf", "--replicas", "3")), 10.0)
+    assert options["num_replicas"] == 3 and "autoscaling_config" not in options
+    assert options["request_router_config"].request_router_class.endswith("AffinityRouter")
+    auto = engine_options(scaling_from_args(_serve_args("m.gguf", "--max-replicas", "4")), 10.0)
+    assert "num_replicas" not in auto and auto["autoscaling_config"].max_replicas == 4
+    assert ENGINE == "SpecdecEngine"
+
+
+# ------------------------------------------------------------------------------------- a live Ray instance
+
+MAX_CONTEXT = 16384
+PROMPTS = ["Write a short poem about the sea.", "def fib(n):", "List three colours."]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    pytest.importorskip("llama_cpp")
+    from tiny_gguf import write_tiny_gguf
+
+    root = tmp_path_factory.mktemp("ray-gguf")
+    return (write_tiny_gguf(root / "target.gguf", seed=0, layers=2, context=MAX_CONTEXT),
+            write_tiny_gguf(root / "draft.gguf", seed=0, layers=1, context=MAX_CONTEXT, noise=0.3))
+
+
+def _args_for(pair, port):
+    target, draft = pair
+    return _serve_args(str(target), "--draft", str(draft), "--threads", "1", "--exact", "--max-context",
+                       str(MAX_CONTEXT), "--port", str(port), "--api-key", "sekret", "--served-model-name", "tiny",
+                       "--replicas", "2", "--replica-cpus", "0.5", "--log-level", "warning")
+
+
+@pytest.fixture(scope="module")
+def reference(pair):
+    """`specdec serve`'s own app (create_app) on the same pair and flags: what every replica must answer."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from specdec.pipeline import SpecDecoder
+    from specdec.server import create_app
+    from specdec.server.ray_serve import replica_app_parts
+
+    ref, spec, names, limits, _hosts = replica_app_parts(_args_for(pair, 8000))
+    app = create_app(SpecDecoder.load(ref, spec), served_model_name=names, api_key="sekret", limits=limits)
+    with TestClient(app) as client:
+        def chat(text, max_tokens=24, **extra):
+            response = client.post("/v1/chat/completions", headers={"Authorization": "Bearer sekret"}, json={
+                "messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": max_tokens, **extra})
+            assert response.status_code == 200, response.text
+            return response.json()["choices"][0]["message"]["content"]
+
+        yield chat
+
+
+@pytest.fixture(scope="module")
+def cluster(pair):
+    ray = pytest.importorskip("ray")
+    serve = pytest.importorskip("ray.serve")
+    from specdec.server.ray_cli import scaling_from_args
+    from specdec.server.ray_serve import APP_NAME, ENGINE, build_application
+
+    began = time.monotonic()
+    port = _free_port()
+    args = _args_for(pair, port)
+    scaling = scaling_from_args(args)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_application(args, scaling), name=APP_NAME, route_prefix="/", blocking=False)
+        handle = serve.get_deployment_handle(ENGINE, app_name=APP_NAME)
+        yield {"url": f"http://127.0.0.1:{port}", "handle": handle, "serve": serve, "began": began}
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+    took = time.monotonic() - began
+    assert took < 120, f"the Ray tests took {took:.0f} s"
+
+
+def _replicas(handle, want: int = 2, timeout: float = 60.0, exclude=()) -> dict[str, dict]:
+    """Engine replicas by id, from their own whoami, until `want` distinct live ones answered."""
+    seen: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = handle.whoami.remote().result(timeout_s=30)
+        if info["replica"] not in exclude:
+            seen[info["replica"]] = info
+        if len(seen) >= want:
+            return seen
+    raise AssertionError(f"only saw replicas {sorted(seen)}")
+
+
+def _session_for(replica: str, replicas) -> str:
+    """A session id whose first choice among `replicas` is `replica`."""
+    for i in range(1000):
+        session = f"s{i}"
+        key = ray_affinity.affinity_key({"x-session-id": session}, None)
+        if ray_affinity.rank(key, replicas)[0] == replica:
+            return session
+    raise AssertionError("no session maps to that replica")
+
+
+def _chat_body(text, max_tokens, stream, **extra):
+    return {"messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": max_tokens,
+            "stream": stream, **extra}
+
+
+AUTH = {"Authorization": "Bearer sekret"}
+
+
+def test_openai_client_chat_and_streaming_through_ray_match_specdec_serve(cluster, reference):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=cluster["url"] + "/v1", api_key="sekret", max_retries=0, timeout=60)
+    for text in PROMPTS:
+        expected = reference(text)
+        assert expected
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": text}],
+                                               temperature=0, max_tokens=24)
+        assert reply.choices[0].message.content == expected
+        assert reply.usage.completion_tokens >= 1 and reply.model == "tiny"
+        streamed = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": text}],
+                                                  temperature=0, max_tokens=24, stream=True)
+        assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == expected
+    # The same rules as `specdec serve`: the API key, OpenAI-shaped errors, /health, /v1/models.
+    import httpx
+
+    with httpx.Client(base_url=cluster["url"], timeout=60) as http:
+        refused = http.post("/v1/chat/completions", json=_chat_body("hi", 4, False))
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+        bad = http.post("/v1/chat/completions", headers=AUTH, json={**_chat_body("hi", 4, False), "n": 2})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
+        assert http.get("/v1/models", headers=AUTH).json()["data"][0]["id"] == "tiny"
+        assert http.get("/health").json() == {"status": "ok"}
+
+
+def test_a_session_stays_on_its_replica_and_metrics_cover_every_replica(cluster):
+    import httpx
+
+    replicas = _replicas(cluster["handle"])
+    ids = sorted(replicas)
+    with httpx.Client(base_url=cluster["url"], timeout=60) as http:
+        for replica in ids:
+            session = _session_for(replica, ids)
+            for turn in range(3):
+                response = http.post("/v1/chat/completions", headers={**AUTH, "X-Session-ID": session},
+                                     json=_chat_body(f"turn {turn}", 4, False))
+                assert response.status_code == 200
+                assert response.headers["x-specdec-replica"] == replica
+        deadline = time.monotonic() + 20
+        while True:  # each replica reports every second
+            view = http.get("/replicas").json()
+            if {r["replica"] for r in view["replicas"]} >= set(ids) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert {r["replica"] for r in view["replicas"]} >= set(ids)
+        assert view["aggregate"]["generation_tokens"] >= 2 * 3
+        assert {r["replica"]: r["pid"] for r in view["replicas"] if r["replica"] in ids} == {
+            r: replicas[r]["pid"] for r in ids}
+        text = http.get("/metrics").text
+        for replica in ids:
+            assert f'replica="{replica}"' in text
+        assert "specdec:ray_replicas" in text and "specdec:ray_requests_retried_total" in text
+
+
+def _read_events(response, events: list, first: threading.Event) -> None:
+    for line in response.iter_lines():
+        if line.startswith("data:"):
+            payload = line[5:].strip()
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+            if payload != "[DONE]" and events[-1].get("choices") and events[-1]["choices"][0]["delta"].get("content"):
+                first.set()
+
+
+def test_a_replica_killed_mid_stream_is_survived_and_replaced(cluster, reference):
+    import httpx
+
+    handle = cluster["handle"]
+    replicas = _replicas(handle)
+    ids = sorted(replicas)
+    victim, survivor = ids[0], ids[1]
+    doomed_session, safe_session = _session_for(victim, ids), _session_for(survivor, ids)
+    long_body = _chat_body("Tell a very long story.", MAX_CONTEXT - 200, True, ignore_eos=True)
+    safe_text = "Count slowly to twenty."
+    with httpx.Client(base_url=cluster["url"], timeout=120) as http:
+        with http.stream("POST", "/v1/chat/completions", headers={**AUTH, "X-Session-ID": doomed_session},
+                         json=long_body) as doomed:
+            assert doomed.status_code == 200 and doomed.headers["x-specdec-replica"] == victim
+            doomed_events: list = []
+            doomed_first = threading.Event()
+            reader = threading.Thread(target=_read_events, args=(doomed, doomed_events, doomed_first), daemon=True)
+            reader.start()
+            assert doomed_first.wait(60), "the long stream sent no text"
+            # A request queued on the victim behind the long stream: nothing of it sent when the victim dies.
+            queued: dict = {}
+
+            def send_queued():
+                queued["response"] = http.post("/v1/chat/completions", headers={**AUTH, "X-Session-ID": doomed_session},
+                                               json=_chat_body(PROMPTS[0], 24, False))
+
+            waiter = threading.Thread(target=send_queued, daemon=True)
+            waiter.start()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                rows = {r["replica"]: r for r in http.get("/replicas").json()["replicas"]}
+                if rows.get(victim, {}).get("waiting", 0) >= 1:
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError("the second request never queued on the victim")
+            # A stream on the other replica, running when the victim dies.
+            with http.stream("POST", "/v1/chat/completions", headers={**AUTH, "X-Session-ID": safe_session},
+                             json=_chat_body(safe_text, 200, True)) as safe:
+                assert safe.headers["x-specdec-replica"] == survivor
+                safe_events: list = []
+                safe_first = threading.Event()
+                safe_reader = threading.Thread(target=_read_events, args=(safe, safe_events, safe_first), daemon=True)
+                safe_reader.start()
+                safe_first.wait(60)
+                os.kill(replicas[victim]["pid"], signal.SIGKILL)
+                reader.join(60)
+                safe_reader.join(120)
+            waiter.join(120)
+    # The stream on the dead replica: some text, then a clear error event and [DONE].
+    assert not reader.is_alive() and doomed_events[-1] == "[DONE]"
+    error = doomed_events[-2]["error"]
+    assert error["code"] == "replica_failed" and error["type"] == "server_error"
+    assert not any(isinstance(e, dict) and e.get("choices") and e["choices"][0].get("finish_reason")
+                   for e in doomed_events)
+    # The queued request: sent again to the survivor, answered in full and correctly.
+    response = queued["response"]
+    assert response.status_code == 200, response.text
+    assert response.headers["x-specdec-attempts"] != "1" and response.headers["x-specdec-replica"] == survivor
+    assert response.json()["choices"][0]["message"]["content"] == reference(PROMPTS[0])
+    # The stream on the other replica: complete and identical to specdec serve's.
+    assert safe_events[-1] == "[DONE]" and not any(isinstance(e, dict) and "error" in e for e in safe_events)
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in safe_events
+                   if isinstance(e, dict) and e.get("choices"))
+    assert text == reference(safe_text, max_tokens=200)
+    # Ray Serve replaces the dead replica; requests keep succeeding meanwhile and after.
+    fresh = _replicas(handle, want=1, timeout=90, exclude=set(ids))
+    new_id = next(iter(fresh))
+    assert fresh[new_id]["pid"] != replicas[victim]["pid"]
+    with httpx.Client(base_url=cluster["url"], timeout=60) as http:
+        for replica in (new_id, survivor):
+            session = _session_for(replica, [new_id, survivor])
+            response = http.post("/v1/chat/completions", headers={**AUTH, "X-Session-ID": session},
+                                 json=_chat_body(PROMPTS[1], 24, False))
+            assert response.status_code == 200
+            assert response.json()["choices"][0]["message"]["content"] == reference(PROMPTS[1])
+    assert time.monotonic() - cluster["began"] < 120
