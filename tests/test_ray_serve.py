@@ -167,6 +167,45 @@ def test_the_serve_run_builder_takes_specdec_serve_flags():
     assert ENGINE == "SpecdecEngine"
 
 
+def test_run_asgi_relays_an_apps_response_and_cancels_it_when_the_caller_leaves():
+    pytest.importorskip("ray")
+    import asyncio
+
+    from specdec.server.ray_serve import run_asgi
+
+    ended = []
+
+    async def app(scope, receive, send):
+        assert scope["path"] == "/x" and (await receive())["body"] == b"in"
+        await send({"type": "http.response.start", "status": 201, "headers": [(b"a", b"b")]})
+        try:
+            for piece in (b"1", b"2", b"3"):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await asyncio.sleep(0)
+            await send({"type": "http.response.body", "body": b"", "more_body": scope["query_string"] != b""})
+            await asyncio.sleep(30)
+        finally:
+            ended.append(True)
+
+    request = {"method": "POST", "path": "/x", "headers": [], "body": b"in"}
+
+    async def whole():
+        return [m async for m in run_asgi(app, request)]
+
+    messages = asyncio.run(whole())
+    assert messages[0] == ("start", 201, [(b"a", b"b")]) and messages[1] == ("body", b"123", messages[1][2])
+    assert b"".join(m[1] for m in messages[1:]) == b"123" and messages[-1][2] is False  # pieces sent meanwhile: one
+
+    async def leave_early():
+        stream = run_asgi(app, {**request, "query_string": b"more"})
+        got = [await stream.__anext__(), await stream.__anext__()]
+        await stream.aclose()  # the caller is gone: the app is cancelled
+        return got
+
+    ended.clear()
+    assert asyncio.run(leave_early())[1] == ("body", b"123", True) and ended == [True]
+
+
 # ------------------------------------------------------------------------------------- a live Ray instance
 
 MAX_CONTEXT = 16384

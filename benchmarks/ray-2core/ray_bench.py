@@ -181,8 +181,7 @@ async def kill_run(url: str, prompts, concurrency: int, max_tokens: int, timeout
 
     async def killer():
         loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while not all(task.done() for task in workers):
             rows = await loop.run_in_executor(None, replicas, url)
             busy = [r for r in rows if r.get("running", 0) >= 1 and r.get("waiting", 0) >= 1]
             if busy:
@@ -193,10 +192,8 @@ async def kill_run(url: str, prompts, concurrency: int, max_tokens: int, timeout
                 return
             await asyncio.sleep(0.25)
 
-    tasks = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
-    if kill:
-        tasks.append(asyncio.ensure_future(killer()))
-    await asyncio.gather(*tasks)
+    workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+    await asyncio.gather(*workers, *([killer()] if kill else []))
     return {"records": results, "killed": killed}
 
 

@@ -131,12 +131,30 @@ def run_ray_serve(args: argparse.Namespace) -> int:
         while not stop.wait(1.0):
             pass
         print("specdec serve: shutting down", file=sys.stderr, flush=True)
-        serve.delete(APP_NAME)
-        if not joined:
-            serve.shutdown()
+        # Bounded: a Ctrl-C in a terminal reaches the whole process group, a local Ray's own processes too, and
+        # Serve's calls then wait for a cluster that is gone; ray.shutdown() below stops what is left.
+        cleanup = threading.Thread(target=_delete_app, args=(serve, APP_NAME, not joined), daemon=True)
+        cleanup.start()
+        wait = args.shutdown_grace + SHUTDOWN_MARGIN_SECONDS
+        cleanup.join(None if math.isinf(wait) else wait)
+        if cleanup.is_alive():
+            print("specdec serve: Ray did not confirm the shutdown in time; stopping anyway", file=sys.stderr)
     finally:
         ray.shutdown()
     return 0
+
+
+SHUTDOWN_MARGIN_SECONDS = 20.0
+
+
+def _delete_app(serve, name: str, whole_serve: bool) -> None:
+    try:
+        if whole_serve:  # our own Ray instance: Serve's controller and proxy go too
+            serve.shutdown()
+        else:
+            serve.delete(name)
+    except Exception as exc:  # noqa: BLE001 - reported, the process still exits
+        print(f"specdec serve: shutdown: {exc}", file=sys.stderr)
 
 
 __all__ = ["add_ray_arguments", "ray_requested", "run_ray_serve", "scaling_from_args"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import dataclasses
 import logging
 import os
@@ -134,10 +135,11 @@ def _scope(request: Mapping[str, Any]) -> dict[str, Any]:
 
 async def run_asgi(app, request: Mapping[str, Any]) -> AsyncIterator[tuple]:
     """Run one HTTP request through an ASGI app, yielding ("start", status, headers) and then
-    ("body", bytes, more_body) messages as the app sends them. The request's body is received at once;
-    when the caller stops listening (cancelled, or closes this generator) the app sees a disconnect and its
-    task is cancelled."""
-    messages: asyncio.Queue = asyncio.Queue()
+    ("body", bytes, more_body) messages as the app sends them (body pieces sent meanwhile go out as one:
+    each item costs a Ray hop or two). The request's body is received at once; when the caller stops
+    listening (cancelled, or closes this generator) the app sees a disconnect and its task is cancelled."""
+    sent: collections.deque = collections.deque()
+    arrived = asyncio.Event()
     gone = asyncio.Event()
     body_given = False
 
@@ -150,27 +152,32 @@ async def run_asgi(app, request: Mapping[str, Any]) -> AsyncIterator[tuple]:
         return {"type": "http.disconnect"}
 
     async def send(message):
-        await messages.put(message)
+        sent.append(message)
+        arrived.set()
 
     task = asyncio.ensure_future(app(_scope(request), receive, send))
     try:
         while True:
-            getter = asyncio.ensure_future(messages.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
-                if messages.empty():
+            if not sent:
+                if task.done():
                     task.result()  # the app ended without a complete response: re-raise its error
                     return
-                message = messages.get_nowait()
-            else:
-                message = getter.result()
+                arrived.clear()
+                waiter = asyncio.ensure_future(arrived.wait())
+                await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                continue
+            message = sent.popleft()
             if message["type"] == "http.response.start":
                 headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
                 yield ("start", message["status"], headers)
             elif message["type"] == "http.response.body":
-                more = message.get("more_body", False)
-                yield ("body", message.get("body", b""), more)
+                body, more = message.get("body", b""), message.get("more_body", False)
+                while more and sent and sent[0]["type"] == "http.response.body":
+                    following = sent.popleft()
+                    body += following.get("body", b"")
+                    more = following.get("more_body", False)
+                yield ("body", body, more)
                 if not more:
                     return
     finally:
@@ -264,7 +271,8 @@ class SpecdecEngine:
 # --------------------------------------------------------------------------------------------- metrics
 
 
-@serve.deployment(name=METRICS, num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+@serve.deployment(name=METRICS, num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000,
+                  logging_config={"enable_access_log": False})  # a report per replica per second: not worth a line
 class SpecdecMetrics:
     """The latest metrics report of every live engine replica."""
 
