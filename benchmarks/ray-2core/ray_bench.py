@@ -6,6 +6,7 @@ throughput: each system started on its own (a fresh server, then stopped), warme
       ray2x1  specdec serve --replicas 2 --threads 1 --replica-cpus 1
       ray1x1  specdec serve --replicas 1 --threads 1 --replica-cpus 1
       serve2  specdec serve --threads 2             (one process, one request at a time)
+      serve1  specdec serve --threads 1             (not in the default list: the Ray path's own cost vs ray1x1)
       serve2p specdec serve --threads 2 --parallel C (one process, C requests batched together)
     Aggregate tok/s = completion tokens of all requests / wall time of the level.
 
@@ -44,6 +45,7 @@ SYSTEMS = {
     "ray2x1": ["--replicas", "2", "--threads", "1", "--replica-cpus", "1"],
     "ray1x1": ["--replicas", "1", "--threads", "1", "--replica-cpus", "1"],
     "serve2": ["--threads", "2"],
+    "serve1": ["--threads", "1"],
     "serve2p": ["--threads", "2", "--parallel", "{c}"],
 }
 
@@ -260,7 +262,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("throughput", "kill", "both"))
     parser.add_argument("--model-args", default="default", help="the model flags every server gets (default: default)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", default="ray2x1,ray1x1,serve2,serve2p")
     parser.add_argument("--tasks", default="spec_bench,humaneval,code_edit")
     parser.add_argument("--limit", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=4)
