@@ -21,7 +21,10 @@ import time
 import pytest
 
 from specdec.server import ray_affinity
-from specdec.server.ray_metrics import ReplicaBoard, merged_exposition, summary, totals_of
+
+pytest.importorskip("prometheus_client")  # the server extra; tests that need Ray skip without it one by one
+
+from specdec.server.ray_metrics import ReplicaBoard, merged_exposition, summary, totals_of  # noqa: E402
 
 # ------------------------------------------------------------------------------------- affinity (no Ray)
 
@@ -90,7 +93,6 @@ def _exposition(generated: int, accepted: int, proposed: int, drafts: int) -> st
 
 
 def test_merged_metrics_label_each_replica_and_the_summary_adds_them_up():
-    pytest.importorskip("prometheus_client")
     from prometheus_client.parser import text_string_to_metric_families
 
     a, b = _exposition(100, 30, 60, 20), _exposition(50, 10, 40, 10)
