@@ -270,7 +270,7 @@ def cluster(pair):
     port = _free_port()
     args = _args_for(pair, port)
     scaling = scaling_from_args(args)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -33,6 +33,7 @@ import collections
 import dataclasses
 import logging
 import os
+import random
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -94,8 +95,6 @@ class AffinityRouter(RequestRouter):
             return [[by_id[replica_id]] for replica_id in ray_affinity.rank(key, by_id)]
         if len(candidate_replicas) <= 2:
             return [list(candidate_replicas)]
-        import random
-
         return [random.sample(list(candidate_replicas), 2)]
 
 
@@ -261,10 +260,10 @@ class SpecdecEngine:
             await self.state.drain(self.shutdown_grace)
         finally:
             await self._lifespan.__aexit__(None, None, None)
-        if self._metrics is not None:
+        if self._metrics is not None:  # the collector may be going away too: do not wait for it
             try:
-                await self._metrics.forget.remote(self.replica_id)
-            except Exception:  # noqa: BLE001
+                await asyncio.wait_for(self._metrics.forget.remote(self.replica_id), 1.0)
+            except Exception:  # noqa: BLE001 - it drops a replica that stops reporting anyway
                 pass
 
 
