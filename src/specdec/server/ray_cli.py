@@ -105,14 +105,10 @@ def run_ray_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise UserError(f"--replicas needs Ray Serve: pip install 'specdec[ray]' ({exc.name} is missing)")
     scaling = scaling_from_args(args)
-    if args.api_key:  # each replica gets the arguments as a value: the environment of this process is not theirs
-        args.api_key = str(args.api_key)
     joined = args.ray_address is not None
     ray.init(address=args.ray_address if joined else "local", include_dashboard=None if joined else False,
              logging_level=args.log_level.upper(), log_to_driver=args.log_level == "debug")
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, _interrupt)  # while loading, SIGTERM stops it as Ctrl-C does
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         how = (f"autoscaling {scaling.min_replicas or 1}..{scaling.max_replicas} replicas" if scaling.autoscaling
@@ -125,11 +121,16 @@ def run_ray_serve(args: argparse.Namespace) -> int:
         try:
             serve.run(build_application(args, scaling), name=APP_NAME, route_prefix="/", blocking=False)
         except Exception as exc:  # noqa: BLE001 - a replica that cannot load fails the deployment
-            raise UserError(f"the replicas did not start: {exc}") from exc
+            raise UserError(f"the replicas did not start: {_why_not_started(serve) or exc}") from exc
         print(f"specdec serve: ready on http://{args.host}:{args.port} (/v1/*, /health, /metrics, /replicas)",
               file=sys.stderr, flush=True)
+        stop = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
         while not stop.wait(1.0):
             pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the shutdown below is bounded; a second Ctrl-C waits for it
         print("specdec serve: shutting down", file=sys.stderr, flush=True)
         # Bounded: a Ctrl-C in a terminal reaches the whole process group, a local Ray's own processes too, and
         # Serve's calls then wait for a cluster that is gone; ray.shutdown() below stops what is left.
@@ -139,9 +140,24 @@ def run_ray_serve(args: argparse.Namespace) -> int:
         cleanup.join(None if math.isinf(wait) else wait)
         if cleanup.is_alive():
             print("specdec serve: Ray did not confirm the shutdown in time; stopping anyway", file=sys.stderr)
-    finally:
         ray.shutdown()
     return 0
+
+
+def _why_not_started(serve) -> str | None:
+    """The engine deployment's own account of its failure: the last line of the error a replica raised."""
+    from .ray_serve import APP_NAME, ENGINE
+
+    try:
+        message = serve.status().applications[APP_NAME].deployments[ENGINE].message
+    except Exception:  # noqa: BLE001 - only a better message is lost
+        return None
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
 
 
 SHUTDOWN_MARGIN_SECONDS = 20.0
