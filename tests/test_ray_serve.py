@@ -356,9 +356,10 @@ def test_a_session_stays_on_its_replica_and_metrics_cover_every_replica(cluster)
                 assert response.status_code == 200
                 assert response.headers["x-specdec-replica"] == replica
         deadline = time.monotonic() + 20
-        while True:  # each replica reports every second
+        while True:  # each replica reports every second: wait for reports made after the requests above
             view = http.get("/replicas").json()
-            if {r["replica"] for r in view["replicas"]} >= set(ids) or time.monotonic() > deadline:
+            reported = {r["replica"] for r in view["replicas"]} >= set(ids)
+            if (reported and view["aggregate"]["generation_tokens"] >= 2 * 3) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         assert {r["replica"] for r in view["replicas"]} >= set(ids)
