@@ -260,18 +260,23 @@ class LlamaServer:
 
     def close(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s); safe to call twice."""
-        try:
-            if self._process.poll() is None:
-                self._process.terminate()
-                self._process.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            # Also when interrupted while waiting: no server outlives the benchmark.
-            if self._process.poll() is None:
-                self._process.kill()
-                self._process.wait(10)
-            self._log.close()
+        stop_server(self._process, self._log, 10)
+
+
+def stop_server(process: subprocess.Popen, log, grace: float) -> None:
+    """Stop a server process (SIGTERM, then SIGKILL after `grace` seconds) and close its log; safe to call twice."""
+    try:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        # Also when interrupted while waiting: no server outlives the benchmark.
+        if process.poll() is None:
+            process.kill()
+            process.wait(grace)
+        log.close()
 
 
 class PeerPool:

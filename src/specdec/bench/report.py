@@ -694,15 +694,21 @@ def to_markdown(results: dict, title: str = "specdec bench") -> str:
 
 def write_results(results: dict, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
     """Write results.json, results.md and (with matplotlib) bench.png into out_dir; return their paths."""
+    from .plot import plot_results
+
+    return write_outputs(results, out_dir, to_markdown(results), plot_results if plot else None, "bench.png")
+
+
+def write_outputs(results: dict, out_dir: str | Path, markdown: str, plot_fn=None, png_name: str = "bench.png"
+                  ) -> dict[str, Path]:
+    """results.json, results.md (`markdown`) and, given plot_fn(results, path), a plot into out_dir; their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "results.md"}
     paths["json"].write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
-    paths["markdown"].write_text(to_markdown(results), encoding="utf-8")
-    if plot:
-        from .plot import plot_results
-
-        png = plot_results(results, out / "bench.png")
+    paths["markdown"].write_text(markdown, encoding="utf-8")
+    if plot_fn is not None:
+        png = plot_fn(results, out / png_name)
         if png is not None:
             paths["plot"] = png
     return paths

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..config import ConfigError
 from .datasets import BenchPrompt
-from .llamacpp_peer import OPTIONAL_FLAGS, SERVER_BINARY, missing_reason, server_flags
+from .llamacpp_peer import OPTIONAL_FLAGS, SERVER_BINARY, missing_reason, server_flags, stop_server
 from .serving_client import RssSampler, run_level, vm_hwm, warm_up
 
 REFERENCE = "reference"
@@ -203,17 +203,7 @@ class ServerProcess:
         raise RuntimeError(f"not healthy within {timeout:.0f} s: {self.log_tail()}")
 
     def close(self) -> None:
-        try:
-            if self.process.poll() is None:
-                self.process.terminate()
-                self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait(15)
-            self._log.close()
+        stop_server(self.process, self._log, 15)
 
 
 def run_one_level(options: ServeOptions, system: str, concurrency: int, prompts: Sequence[BenchPrompt],

@@ -17,7 +17,6 @@ Definitions (the same in the JSON, the markdown and docs/serving-bench.md):
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -296,16 +295,9 @@ def plot_serving(results: dict, path: str | Path) -> Path | None:
 
 def write_serving_results(results: dict, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
     """results.json, results.md and (with matplotlib) serve.png in out_dir; their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "results.json", "markdown": out / "results.md"}
-    paths["json"].write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
-    paths["markdown"].write_text(to_markdown(results), encoding="utf-8")
-    if plot:
-        png = plot_serving(results, out / "serve.png")
-        if png is not None:
-            paths["plot"] = png
-    return paths
+    from .report import write_outputs
+
+    return write_outputs(results, out_dir, to_markdown(results), plot_serving if plot else None, "serve.png")
 
 
 __all__ = [
