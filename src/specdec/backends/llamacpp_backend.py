@@ -356,26 +356,7 @@ class LlamaCppBackend:
     def forward(self, tokens: Sequence[int], cache: LlamaCppSequence, num_logits: int = 1) -> torch.Tensor:
         """Append tokens to cache; return float32 logits [num_logits, vocab] for the last num_logits positions."""
         num_logits = forward_rows(tokens, cache, num_logits, self.name)
-        n, start = len(tokens), cache.length
-        began = time.perf_counter()
-        first_output = n - num_logits
-        rows: list[np.ndarray] = []
-        slices = self._slices(n, num_logits)
-        try:
-            for lo, hi in slices:
-                want = max(0, hi - max(lo, first_output))
-                self._decode(tokens[lo:hi], start + lo, cache.seq_id, want)
-                cache.length = start + hi
-                if want:
-                    rows.append(self._read_logits(want))
-        except BaseException:
-            # Leave the cache exactly as it was before this call.
-            self._remove_positions(cache.seq_id, start)
-            cache.length = start
-            raise
-        logits = torch.from_numpy(np.concatenate(rows) if len(rows) > 1 else rows[0])
-        self._count_pass(n, 1, len(slices), began)
-        return logits
+        return self.forward_batch([BatchRows(tokens, cache, num_logits)])[0]  # the same calls as one sequence alone
 
     def _count_pass(self, rows: int, sequences: int, decodes: int, began: float) -> None:
         seconds = time.perf_counter() - began
@@ -512,17 +493,9 @@ class LlamaCppBackend:
         return slices + [(lo, min(lo + step, n)) for lo in range(first_output, n, step)]
 
     def _decode(self, tokens: Sequence[int], first_pos: int, seq_id: int, num_logits: int) -> None:
-        batch = self._batch
-        count = len(tokens)
-        first_logit = count - num_logits
-        for i, token in enumerate(tokens):
-            batch.token[i] = int(token)
-            batch.pos[i] = first_pos + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq_id
-            batch.logits[i] = 1 if i >= first_logit else 0
-        batch.n_tokens = count
-        self._submit(count)
+        """One llama_decode of one sequence's consecutive tokens, logits for the last num_logits of them."""
+        first_logit = len(tokens) - num_logits
+        self._decode_rows([(token, first_pos + i, seq_id, i >= first_logit) for i, token in enumerate(tokens)])
 
     def _decode_rows(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
         """One llama_decode of rows (token, position, sequence id, wants logits), at most batch_size of them."""
