@@ -43,8 +43,7 @@ class Slot:
     prefix (llama-server's slots), and a draft model's cache does the same inside the slot's drafter.
     """
 
-    def __init__(self, index: int, drafter: Drafter | None):
-        self.index = index
+    def __init__(self, drafter: Drafter | None):
         self.cache = None
         self.retained = RetainedPrefix()
         self.drafter = drafter
@@ -105,24 +104,19 @@ class BatchEngine:
     def __init__(self, target, drafter: Drafter | None = None, spec: SpecConfig | None = None,
                  decode: Callable[[Sequence[int]], str] | None = None, prefix_cache: bool | None = None,
                  max_running: int = 1, prefill_chunk: int | None = None):
-        if max_running < 1:
-            raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.target = target
         self.spec = spec or SpecConfig()
         self.decode = decode or default_decoder(target)
         if prefix_cache is None:
             prefix_cache = getattr(self.spec, "prefix_cache", True)
         self.prefix_cache = bool(prefix_cache)
-        self.max_running = max_running
         self.prefill_chunk = max(1, int(prefill_chunk or getattr(target, "batch_size", 512)))
-        if drafter is not None and max_running > 1 and not hasattr(drafter, "spawn"):
-            raise ValueError(f"the {drafter.name} drafter cannot serve several sequences at once (no spawn())")
-        self.slots = [Slot(0, drafter)]
+        self.slots = [Slot(drafter)]
+        self.set_max_running(max_running)
         self.running: list[RunningSequence] = []
         self.total_stats = SpecStats()
         self.adaptive_policies: dict[str | None, object] = {}  # per draft source, for the engine's lifetime
         self.last_pass_rows = 0
-        self.passes = 0
         self.last_sequence: RunningSequence | None = None  # the latest admitted (its stats: SpeculativeEngine.last_stats)
         self._ids = itertools.count()
 
@@ -240,7 +234,7 @@ class BatchEngine:
         free = [slot for slot in self.slots if slot.sequence is None]
         if not free:
             drafter = self.slots[0].drafter
-            free = [Slot(len(self.slots), drafter.spawn() if drafter is not None else None)]
+            free = [Slot(drafter.spawn() if drafter is not None else None)]
             self.slots += free
         # llama-server's slot choice: the idle slot whose cached tokens share the longest prefix with the prompt.
         return max(free, key=lambda slot: common_prefix_length(slot.retained.tokens, prompt[:-1]))
@@ -263,11 +257,10 @@ class BatchEngine:
         if sequence in self.running:
             self.running.remove(sequence)
         slot.sequence = None
-        if clean and not sequence.prefilling and cache.length == len(sequence.context) - 1:
-            slot.retained.tokens = sequence.context[:-1]
-            slot.retained.release(self.reuses_prefix)
-        elif clean and sequence.prefilling and cache.length == sequence.prefilled:
-            slot.retained.tokens = sequence.prompt[: sequence.prefilled]
+        # Between steps the cache holds the prompt prefilled so far, or once decoding, the context but its last token.
+        held = sequence.prompt[: sequence.prefilled] if sequence.prefilling else sequence.context[:-1]
+        if clean and cache.length == len(held):
+            slot.retained.tokens = held
             slot.retained.release(self.reuses_prefix)
         else:
             slot.retained.drop()  # an error mid-step: what the cache holds is not certain
@@ -326,7 +319,6 @@ class BatchEngine:
                 raise
             return outputs
         target_seconds = time.perf_counter() - began
-        self.passes += 1
         self.last_pass_rows = sum(len(p.rows.tokens) for p in plans)
         for plan, rows_logits in zip(plans, logits):
             sequence = plan.sequence
