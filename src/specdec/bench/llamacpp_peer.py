@@ -188,28 +188,17 @@ class LlamaServer:
         return self._process.poll() is None
 
     def _log_tail(self) -> str:
-        if self._log.closed:
-            return "no log"
-        self._log.seek(0)
-        lines = self._log.read().decode("utf-8", "replace").strip().splitlines()
-        return " | ".join(line.strip() for line in lines[-3:]) if lines else "no output"
+        return log_tail(self._log, 3)
 
     def _wait_healthy(self, timeout: float) -> None:
         # /health answers 503 while the model loads, 200 once it can serve.
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                status = self._process.returncode
-                raise PeerError(f"{SERVER_BINARY} exited with status {status}: {self._log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(0.2)
-        raise PeerError(f"{SERVER_BINARY} did not become healthy within {timeout:.0f}s "
-                        f"({' '.join(self.command[:3])} ...): {self._log_tail()}")
+        try:
+            status = wait_healthy(self._process, self.url, timeout)
+        except TimeoutError:
+            raise PeerError(f"{SERVER_BINARY} did not become healthy within {timeout:.0f}s "
+                            f"({' '.join(self.command[:3])} ...): {self._log_tail()}") from None
+        if status is not None:
+            raise PeerError(f"{SERVER_BINARY} exited with status {status}: {self._log_tail()}")
 
     def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict:
         """The /completion request: token ids in, token ids out, no prompt reuse between requests."""
@@ -261,6 +250,32 @@ class LlamaServer:
     def close(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s); safe to call twice."""
         stop_server(self._process, self._log, 10)
+
+
+def wait_healthy(process: subprocess.Popen, url: str, timeout: float) -> int | None:
+    """Poll url/health every 0.2 s until it answers 200 (None), or return the process's exit status if it exits
+    first; TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return process.returncode
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return None
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url}/health did not answer 200 within {timeout:.0f} s")
+
+
+def log_tail(log, lines: int) -> str:
+    """The last lines of a server's log file, joined by ' | ' (for error messages)."""
+    if log.closed:
+        return "no log"
+    log.seek(0)
+    text = log.read().decode("utf-8", "replace").strip().splitlines()
+    return " | ".join(line.strip() for line in text[-lines:]) if text else "no output"
 
 
 def stop_server(process: subprocess.Popen, log, grace: float) -> None:

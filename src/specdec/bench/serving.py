@@ -27,15 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ConfigError
 from .datasets import BenchPrompt
-from .llamacpp_peer import OPTIONAL_FLAGS, SERVER_BINARY, missing_reason, server_flags, stop_server
+from .llamacpp_peer import (OPTIONAL_FLAGS, SERVER_BINARY, log_tail, missing_reason, server_flags, stop_server,
+                            wait_healthy)
 from .serving_client import RssSampler, run_level, vm_hwm, warm_up
 
 REFERENCE = "reference"
@@ -182,25 +181,15 @@ class ServerProcess:
         return self.process.pid
 
     def log_tail(self, lines: int = 5) -> str:
-        if self._log.closed:
-            return "no log"
-        self._log.seek(0)
-        text = self._log.read().decode("utf-8", "replace").strip().splitlines()
-        return " | ".join(line.strip() for line in text[-lines:]) if text else "no output"
+        return log_tail(self._log, lines)
 
     def _wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"exited with status {self.process.returncode}: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"not healthy within {timeout:.0f} s: {self.log_tail()}")
+        try:
+            status = wait_healthy(self.process, self.url, timeout)
+        except TimeoutError:
+            raise RuntimeError(f"not healthy within {timeout:.0f} s: {self.log_tail()}") from None
+        if status is not None:
+            raise RuntimeError(f"exited with status {status}: {self.log_tail()}")
 
     def close(self) -> None:
         stop_server(self.process, self._log, 15)
