@@ -47,6 +47,14 @@ def forward_batch(backend, batch: Sequence[BatchRows]) -> list[torch.Tensor]:
     native = getattr(backend, "forward_batch", None)
     if native is not None:
         return native(batch)
+    return forward_each(backend, batch)
+
+
+def forward_each(backend, batch: Sequence[BatchRows]) -> list[torch.Tensor]:
+    """forward_batch's contract by one `backend.forward` per sequence (for backends without a batched pass).
+
+    On an error the caches already run are trimmed back (a failing forward restores its own cache).
+    """
     results: list[torch.Tensor] = []
     done: list[tuple[KVCache, int]] = []
     try:

@@ -10,7 +10,8 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from ..kvcache import PreallocatedKV
-from .base import forward_rows
+from .base import BatchRows, forward_each, forward_rows
+from .batched_cache import BatchedView
 from .static_decoder import DEFAULT_BUCKETS, StaticDecoder, static_support
 
 
@@ -159,6 +160,66 @@ class TransformersBackend:
         self.forward_calls += 1
         self.forward_seconds += time.perf_counter() - began
         return logits
+
+    @torch.inference_mode()
+    def forward_batch(self, batch: Sequence[BatchRows]) -> list[torch.Tensor]:
+        """backends.base.forward_batch's contract in one transformers forward over all entries.
+
+        Each entry's tokens are left-padded to the longest entry's, so every entry's last rows are the pass's
+        last rows; a BatchedView writes each entry's rows into its own cache and hands attention each
+        sequence's history zero-padded to a common width, under a mask that keeps each row to its own
+        sequence's keys. Logits match a solo forward to float rounding (padding changes the sums' shapes),
+        not bit for bit. With the static decoder, a model whose attention is not eager/sdpa or not full
+        causal everywhere (sliding windows), or a batch of one, each entry runs its own forward (forward_each).
+        """
+        batch = list(batch)
+        seen: set[int] = set()
+        for rows in batch:  # every check before anything runs: a refused batch leaves every cache as it was
+            if id(rows.cache) in seen:
+                raise ValueError(f"{self.name}: a cache appears more than once in one forward_batch")
+            seen.add(id(rows.cache))
+            forward_rows(rows.tokens, rows.cache, max(1, rows.num_logits), self.name)
+            if self.decoder is None and not isinstance(rows.cache, PointerCache):
+                raise ValueError(f"{self.name}: forward_batch needs caches made by this backend's new_cache")
+        if len(batch) < 2 or self.decoder is not None or not _batchable(self.model):
+            return forward_each(self, batch)
+        counts = [len(rows.tokens) for rows in batch]
+        keep = max(max(1, min(rows.num_logits, n)) for rows, n in zip(batch, counts))
+        width = max(counts)
+        began = time.perf_counter()
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        for i, rows in enumerate(batch):
+            ids[i, width - counts[i]:] = torch.as_tensor(list(rows.tokens), dtype=torch.long)
+        view = BatchedView([rows.cache for rows in batch], counts)
+        eager = self.model.config._attn_implementation == "eager"
+        mask_dtype = self.model.get_input_embeddings().weight.dtype if eager else None
+        kwargs = {self._cache_kwarg: view, "position_ids": view.positions(self.device), "use_cache": True,
+                  "attention_mask": view.attention_mask(mask_dtype, self.device)}
+        if self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        try:
+            out = self.model(input_ids=ids.to(self.device), **kwargs)
+        except BaseException:
+            view.restore()  # a failed pass may have written some layers of some caches
+            raise
+        logits = out.logits[:, -keep:].float()
+        self.forward_calls += 1
+        self.forward_seconds += time.perf_counter() - began
+        # Entry i's last min(num_logits, rows) rows are the last rows of its line (left padding).
+        return [logits[i, keep - min(rows.num_logits, n):] if rows.num_logits else logits[i, :0]
+                for i, (rows, n) in enumerate(zip(batch, counts))]
+
+
+def _batchable(model) -> bool:
+    """Whether the batched pass's ready-made full-causal mask is the mask this model would build itself: eager or
+    sdpa attention (they take a 4-D mask as given), and no sliding-window or other non-full layers."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(config, "_attn_implementation", None) not in ("eager", "sdpa"):
+        return False
+    if getattr(text, "sliding_window", None) is not None or getattr(text, "attention_chunk_size", None):
+        return False
+    return all(t == "full_attention" for t in (getattr(text, "layer_types", None) or ["full_attention"]))
 
 
 def _eos_ids(model, tokenizer) -> frozenset[int]:
