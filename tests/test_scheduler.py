@@ -12,6 +12,7 @@ from specdec.adaptive import AdaptiveK
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
 from specdec.engine import SpeculativeEngine, plain_engine
+from specdec import scheduler
 from specdec.scheduler import BatchEngine
 from specdec.verify import Verdict
 from test_engine import SAMPLED, PrefixLM, chi_square_p, exact_sequence_distribution
@@ -163,6 +164,36 @@ def test_prefill_is_chunked_and_running_streams_keep_going():
     assert second_tokens == plain_engine(target).generate(long_prompt, SamplingParams(max_tokens=5,
                                                                                       ignore_eos=True)).tokens
     assert not first.finished
+
+
+def test_a_burst_of_prompts_prefills_together_up_to_the_budget_one_chunk_each(monkeypatch):
+    """Several waiting prompts share one pass up to prefill_budget tokens, one whole chunk per sequence, oldest
+    first; a chunk that does not fit waits for the next step; every output is still what it gets alone."""
+    target = PrefixLM(vocab=12, seed=11, max_context=512)
+    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=4, prefill_chunk=16,
+                        prefill_budget=40)
+    prompts = [[(i * (3 + n)) % 12 for i in range(length)] for n, length in enumerate((30, 12, 20, 9))]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    sequences = [batch.add(p, params) for p in prompts]
+    passes = []
+    real = scheduler.forward_batch
+
+    def spy(backend, rows):
+        passes.append([len(r.tokens) for r in rows if r.num_logits == 0])
+        return real(backend, rows)
+
+    monkeypatch.setattr(scheduler, "forward_batch", spy)
+    got = {id(s): [] for s in sequences}
+    while batch.running:
+        for output in batch.step():
+            got[id(output.sequence)] += output.tokens
+    # 29, 11, 19, 8 prompt tokens to prefill (the last one is fed by the first decode step): chunks of 16 at
+    # most, 40 tokens per pass at most, oldest first, whole chunks only.
+    assert passes[0] == [16, 11]  # 16 + 11 = 27; the third's chunk of 16 would make 43 > 40: it waits
+    assert passes[1] == [13, 16, 8]  # the first's last 13, the third's first 16, the fourth's 8
+    assert passes[2] == [3]
+    for sequence, prompt in zip(sequences, prompts):
+        assert got[id(sequence)] == plain_engine(target).generate(prompt, params).tokens
 
 
 def test_abort_frees_the_slot_at_the_step_boundary_and_keeps_the_cache_consistent():

@@ -22,6 +22,9 @@ from .sampling import greedy_tokens, make_generator, probabilities
 from .textstream import TextStream
 from .verify import verify_greedy, verify_sampled
 
+# Prompt tokens one step may prefill, in prefill chunks (512-token chunks: 2048, llama-server's n_batch).
+DEFAULT_PREFILL_CHUNKS = 4
+
 
 @dataclass
 class StepOutput:
@@ -96,14 +99,16 @@ class BatchEngine:
 
     `add` admits a request (refused at once when it cannot fit); `step` advances every running sequence by one
     target pass; `abort` ends one between steps. A prompt is prefilled in chunks of at most prefill_chunk tokens
-    per step (shared by the sequences still prefilling, oldest first), so a new request does not stall the
-    running streams for its whole length. The adaptive k policy prices a sequence's draft rows at what they add
+    per step, so a new request does not stall the running streams for its whole length; several prompts
+    prefill in one pass up to prefill_budget prompt tokens in all, oldest first (llama-server's n_batch,
+    vLLM's max_num_batched_tokens: a burst of arrivals is prefilled together instead of one after another
+    with the running streams' rows in between). The adaptive k policy prices a sequence's draft rows at what they add
     to this step's pass (load-aware: see AdaptiveK.other_rows).
     """
 
     def __init__(self, target, drafter: Drafter | None = None, spec: SpecConfig | None = None,
                  decode: Callable[[Sequence[int]], str] | None = None, prefix_cache: bool | None = None,
-                 max_running: int = 1, prefill_chunk: int | None = None):
+                 max_running: int = 1, prefill_chunk: int | None = None, prefill_budget: int | None = None):
         self.target = target
         self.spec = spec or SpecConfig()
         self.decode = decode or default_decoder(target)
@@ -111,6 +116,7 @@ class BatchEngine:
             prefix_cache = getattr(self.spec, "prefix_cache", True)
         self.prefix_cache = bool(prefix_cache)
         self.prefill_chunk = max(1, int(prefill_chunk or getattr(target, "batch_size", 512)))
+        self.prefill_budget = max(self.prefill_chunk, int(prefill_budget or DEFAULT_PREFILL_CHUNKS * self.prefill_chunk))
         self.slots = [Slot(drafter)]
         self.set_max_running(max_running)
         self.running: list[RunningSequence] = []
@@ -335,13 +341,14 @@ class BatchEngine:
         return outputs
 
     def _prefill_plans(self) -> list[_Plan]:
-        """This step's prefill chunks: at most prefill_chunk prompt tokens in all, oldest request first.
+        """This step's prefill chunks: one per sequence still prefilling, at most prefill_budget prompt tokens in
+        all, oldest request first.
 
         A sequence's chunks are always whole (prefill_chunk tokens from where its prefill began, the last one
         shorter), whatever else runs: a batch-invariant target computes a prompt's keys and values exactly as
         alone only if its rows are split the same way. A chunk that does not fit this step's budget waits.
         """
-        budget = self.prefill_chunk
+        budget = self.prefill_budget
         plans = []
         for sequence in self.running:
             if not sequence.prefilling:
