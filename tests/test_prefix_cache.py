@@ -342,6 +342,39 @@ def test_engines_sharing_a_backend_keep_one_prefix_at_a_time():
     assert tb == cold.generate(SYSTEM + [2], GREEDY).tokens
 
 
+def run_together(batch, prompts):
+    """Admit every prompt at once into a BatchEngine and step until all end; the sequences, in order."""
+    sequences = [batch.add(p, GREEDY) for p in prompts]
+    tokens = {id(s): [] for s in sequences}
+    while batch.running:
+        for output in batch.step():
+            tokens[id(output.sequence)] += output.tokens
+    return sequences, [tokens[id(s)] for s in sequences]
+
+
+@pytest.mark.parametrize("parallel, siblings_kept", [(None, True), (2, True), (1, False)])
+def test_the_slots_of_one_batch_engine_keep_their_prefixes_side_by_side(parallel, siblings_kept):
+    """Two conversations served together, then continued together: each continuation reuses its own slot's
+    prefix (llama-server's slots), unless the target's memory holds fewer sequences than there are slots
+    (parallel 1: the old one-prefix-per-backend rule, the control that the counts can tell the difference)."""
+    from specdec.scheduler import BatchEngine
+
+    target, _ = hash_pair()
+    if parallel is not None:
+        target.parallel = parallel
+    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=2)
+    firsts = [SYSTEM + [1], SYSTEM + [2, 3]]
+    _, outputs = run_together(batch, firsts)
+    follow_ups = [first + out + [4, 5] for first, out in zip(firsts, outputs)]
+    sequences, got = run_together(batch, follow_ups)
+    cold = make_engine(*hash_pair(), "none", prefix_cache=False)
+    assert got == [cold.generate(p, GREEDY).tokens for p in follow_ups]
+    kept = [s.stats.num_cached_prompt_tokens for s in sequences]
+    whole = [len(first) + len(out) - 1 for first, out in zip(firsts, outputs)]  # all but the last emitted token
+    assert kept[0] == whole[0]  # the first admission always finds its slot's tokens
+    assert kept[1] == (whole[1] if siblings_kept else 0)
+
+
 # ------------------------------------------------------------------------------------- negative control
 
 
@@ -503,9 +536,30 @@ def test_llama_cpp_engines_sharing_a_backend_do_not_run_out_of_kv_cells(gguf, mo
     a.generate(prompt, params)
     assert a.cache.length == 199
     if not evict:
-        monkeypatch.setattr(kvcache, "release_retained", lambda backend: 0)
+        monkeypatch.setattr(kvcache, "release_retained", lambda backend, keep_group=None: 0)
         with pytest.raises(ContextOverflowError):
             b.generate(prompt[::-1], params)
         return
     b.generate(prompt[::-1], params)
     assert a.cache.length == 0 and b.cache.length == 199
+
+
+def test_llama_cpp_slots_of_one_engine_keep_full_prefixes_in_a_parallel_backend(gguf):
+    """With parallel=2 the KV memory holds two full contexts: two conversations that fill most of max_context
+    each are kept side by side between requests and both continue from their own slot, with no overflow."""
+    from specdec.scheduler import BatchEngine
+
+    target = _llama(gguf["target"], name="small", max_context=256, batch_invariant=False, parallel=2)
+    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=2)
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    firsts = [[(i * 37) % 250 + 5 for i in range(100)], [(i * 41) % 250 + 3 for i in range(100)]]
+    sequences = [batch.add(p, params) for p in firsts]
+    outputs = {id(s): [] for s in sequences}
+    while batch.running:
+        for output in batch.step():
+            outputs[id(output.sequence)] += output.tokens
+    follow_ups = [first + outputs[id(s)][:40] for first, s in zip(firsts, sequences)]
+    again = [batch.add(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in follow_ups]
+    while batch.running:
+        assert all(o.error is None for o in batch.step())
+    assert [s.stats.num_cached_prompt_tokens for s in again] == [len(p) - 1 for p in follow_ups]

@@ -71,18 +71,21 @@ class RetainedPrefix:
     cache holds (or calls drop()); a cache whose length no longer matches `tokens` (someone else
     wrote or trimmed it) is emptied instead of trusted.
 
-    One prefix per backend: `claim` empties the caches that idle owners left on the same backend, so a
-    backend holds only the tokens of the owner that ran last (and of owners still running). llama.cpp's
-    sequences share one KV memory of max_context cells: a prefix kept by one engine would otherwise
-    take the room another engine's request needs (and engines that share a backend interleave
-    requests, where reuse is rare anyway). An owner is idle from `release` until its next `claim`;
-    an active owner's cache is never touched.
+    One prefix per backend and group: `claim` empties the caches that idle owners of other groups left on
+    the same backend, so a backend holds only the tokens of the group that ran last (and of owners still
+    running). llama.cpp's sequences share one KV memory: a prefix kept by one engine would otherwise take
+    the room another engine's request needs (and engines that share a backend interleave requests, where
+    reuse is rare anyway). The slots of one BatchEngine are one group: the backend's memory is sized for
+    all of them at once (`parallel` sequences of max_context each), so they keep their prefixes side by
+    side, as llama-server's slots do. An owner with no group is a group of its own. An owner is idle
+    from `release` until its next `claim`; an active owner's cache is never touched.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, group: object | None = None) -> None:
         self.cache = None
         self.backend = None
         self.tokens: list[int] = []
+        self.group = group
 
     def claim(self, backend, cache, wanted: Sequence[int], reuse: bool = True) -> int:
         """Start a request on `cache`: keep the longest common prefix of what it holds and `wanted` (nothing
@@ -90,7 +93,7 @@ class RetainedPrefix:
         if self.backend is not None:
             _set_idle(self.backend, self, False)
         _set_idle(backend, self, False)
-        release_retained(backend)
+        release_retained(backend, keep_group=self.group)
         if cache is not self.cache or backend is not self.backend or cache.length != len(self.tokens):
             self.tokens = []  # not ours, or changed behind our back: its contents are unknown
         self.cache, self.backend = cache, backend
@@ -153,14 +156,14 @@ def _set_idle(backend, owner: RetainedPrefix, idle: bool) -> None:
         owners.discard(owner)
 
 
-def release_retained(backend) -> int:
-    """Empty every cache that idle owners keep on `backend` (before something needs its memory); returns how
-    many."""
+def release_retained(backend, keep_group: object | None = None) -> int:
+    """Empty every cache that idle owners keep on `backend` (before something needs its memory), except those
+    of keep_group when it is not None; returns how many."""
     owners = _owners(backend, create=False)
     if not owners:
         return 0
-    dropped = list(owners)
-    owners.clear()
+    dropped = [owner for owner in owners if keep_group is None or owner.group is not keep_group]
     for owner in dropped:
+        owners.discard(owner)
         owner.drop()
     return len(dropped)

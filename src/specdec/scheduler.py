@@ -48,7 +48,7 @@ class Slot:
 
     def __init__(self, drafter: Drafter | None):
         self.cache = None
-        self.retained = RetainedPrefix()
+        self.retained = RetainedPrefix()  # its group is set at each admission (BatchEngine.add)
         self.drafter = drafter
         self.sequence: RunningSequence | None = None
 
@@ -117,6 +117,7 @@ class BatchEngine:
         self.prefix_cache = bool(prefix_cache)
         self.prefill_chunk = max(1, int(prefill_chunk or getattr(target, "batch_size", 512)))
         self.prefill_budget = max(self.prefill_chunk, int(prefill_budget or DEFAULT_PREFILL_CHUNKS * self.prefill_chunk))
+        self._slot_group = object()  # what this engine's slots share (kvcache.RetainedPrefix groups)
         self.slots = [Slot(drafter)]
         self.set_max_running(max_running)
         self.running: list[RunningSequence] = []
@@ -214,6 +215,10 @@ class BatchEngine:
             eos=frozenset() if params.ignore_eos else self.target.eos_token_ids,
             text=TextStream(self.decode, params.stop), stats=stats, began=began, context=list(prompt), tag=tag)
         cache = self.cache_of(slot)
+        # The slots keep their prefixes side by side while the target's memory is sized for all of them
+        # (llama.cpp: `parallel` sequences; torch: a memory per cache); beyond that, as separate owners.
+        room = getattr(self.target, "parallel", None) or len(self.slots)
+        slot.retained.group = self._slot_group if len(self.slots) <= room else None
         # Keep the longest common prefix of what the slot's cache holds and prompt[:-1]; prefill only the rest.
         sequence.prefilled = slot.retained.claim(self.target, cache, prompt[:-1], self.reuses_prefix)
         stats.num_cached_prompt_tokens = sequence.prefilled
