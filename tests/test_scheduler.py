@@ -268,6 +268,36 @@ def test_load_aware_policy_drafts_where_rows_are_cheap_and_not_where_they_are_de
         assert policy.verify_cost(2) == pytest.approx(np.interp(5, sorted(curve), [curve[s] for s in sorted(curve)]))
 
 
+def test_measured_shared_passes_override_the_calibrated_curve():
+    """The calibration prices a draft row beside others as nearly free (flat curve); the engine's own decode-only
+    passes of several sequences say a row costs a full one: the policy stops drafting on the measured price."""
+    flat = {1: 1.0, 8: 1.05, 16: 1.1, 64: 2.0}
+    policy = AdaptiveK(max_k=6, pass_costs=flat, explore_every=0)
+    for _ in range(20):
+        policy.update(4, 3, 1e-4, 0.0)
+    policy.other_rows, policy.other_tokens = 3, 3.0
+    assert policy.best_k() > 0  # on the calibration alone
+    policy.shared_pass_costs = {4: 4.0, 5: 5.0, 6: 6.0, 7: 7.0, 8: 8.0, 9: 9.0, 10: 10.0}
+    assert policy.verify_cost(2) == pytest.approx(5.0)
+    assert policy.best_k() == 0
+
+
+def test_the_engine_records_decode_only_shared_passes_by_row_count():
+    """What the policy reads: a running mean of seconds per row count, from passes of 2+ decoding sequences only
+    (a prefill chunk or a lone sequence says nothing about a shared decode pass)."""
+    target = PrefixLM(vocab=12, seed=12, max_context=256)
+    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=2, prefill_chunk=4)
+    batch.add([1, 2, 3, 4, 5, 6, 7, 8, 9], SamplingParams(max_tokens=6, ignore_eos=True))
+    batch.add([3, 1], SamplingParams(max_tokens=6, ignore_eos=True))
+    while batch.running:
+        batch.step()
+    assert set(batch.shared_pass_costs) == {2}  # one row each for two decoding sequences; prefill passes left out
+    assert batch._shared_pass_counts[2] >= 3 and batch.shared_pass_costs[2] > 0
+    batch._record_shared_pass(2, 1.0)
+    count = batch._shared_pass_counts[2]
+    assert batch.shared_pass_costs[2] < 1.0 and count >= 4
+
+
 class CountingPasses:
     """Wraps a backend with a native forward_batch that counts passes (one per call), as llama.cpp has."""
 

@@ -34,6 +34,9 @@ Continuous batching (other_rows, other_tokens set per step by the scheduler): wh
 share the target pass, rate(k) is the pass's: (other_tokens + E[tokens | k]) / c(other_rows + k + 1) on
 the measured curve, so a draft row is bought at its marginal cost in that pass only if it yields tokens
 faster than the pass already does (load-aware: less drafting on a CPU's steep curve as load grows).
+Where the engine has measured decode-only passes of several sequences at a row count
+(`shared_pass_costs`), that measurement replaces the calibrated curve there: one sequence's rows,
+which the calibration times, can cost less than the same number of rows from many sequences.
 
 Note: in sampled mode the emitted text is exactly target-distributed whatever k is chosen, but the
 k sequence depends on wall-clock measurements, so the same seed reproduces the same text only with
@@ -121,6 +124,11 @@ class AdaptiveK:
         # per second (load-aware: see verify_cost).
         self.other_rows = 0
         self.other_tokens = 0.0
+        # What shared passes of each row count really cost on this engine (seconds, set by the scheduler from
+        # its own decode-only passes): the calibration measures one sequence's rows, and several sequences'
+        # rows of the same count can cost more (measured: 15 ms a draft row beside 8 sequences where the
+        # calibrated curve said 5). Measured counts override the curve in shared passes.
+        self.shared_pass_costs: Mapping[int, float] = {}
 
     # ----- learning -------------------------------------------------------------------------
 
@@ -198,7 +206,10 @@ class AdaptiveK:
         flat curve), none where every row costs a full one (a compute-bound CPU).
         """
         if self.other_rows > 0 and self.pass_costs:
-            return interpolate_cost(self.pass_costs, self.other_rows + size) * self._curve_level()
+            level = self._curve_level()
+            curve = {n: c * level for n, c in self.pass_costs.items()}
+            curve.update(self.shared_pass_costs)
+            return interpolate_cost(curve, self.other_rows + size)
         seen = self._verify.get(size)
         if seen is not None and seen.count > 0:
             return seen.value

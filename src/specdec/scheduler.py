@@ -124,6 +124,8 @@ class BatchEngine:
         self.total_stats = SpecStats()
         self.adaptive_policies: dict[str | None, object] = {}  # per draft source, for the engine's lifetime
         self.last_pass_rows = 0
+        self.shared_pass_costs: dict[int, float] = {}  # rows -> mean seconds of decode-only passes of 2+ sequences
+        self._shared_pass_counts: dict[int, int] = {}
         self.last_sequence: RunningSequence | None = None  # the latest admitted (its stats: SpeculativeEngine.last_stats)
         self._ids = itertools.count()
 
@@ -331,6 +333,8 @@ class BatchEngine:
             return outputs
         target_seconds = time.perf_counter() - began
         self.last_pass_rows = sum(len(p.rows.tokens) for p in plans)
+        if len(plans) > 1 and all(p.decode for p in plans):
+            self._record_shared_pass(self.last_pass_rows, target_seconds)
         for plan, rows_logits in zip(plans, logits):
             sequence = plan.sequence
             if not plan.decode:
@@ -344,6 +348,14 @@ class BatchEngine:
                 self._leave(sequence, "error", clean=False)
                 outputs.append(StepOutput(sequence, [], [], "", "error", exc))
         return outputs
+
+    def _record_shared_pass(self, rows: int, seconds: float, alpha: float = 0.1) -> None:
+        """Keep what a decode-only pass of several sequences costs per row count (a running mean, then an EWMA):
+        the price the load-aware policy reads for shared passes of that size, instead of the calibration's."""
+        count = self._shared_pass_counts.get(rows, 0) + 1
+        self._shared_pass_counts[rows] = count
+        mean = self.shared_pass_costs.get(rows, seconds)
+        self.shared_pass_costs[rows] = mean + (seconds - mean) * max(alpha, 1.0 / count)
 
     def _prefill_plans(self) -> list[_Plan]:
         """This step's prefill chunks: one per sequence still prefilling, at most prefill_budget prompt tokens in
@@ -404,6 +416,7 @@ class BatchEngine:
         policy = self._policy(sequence, source)
         if hasattr(policy, "other_rows"):
             policy.other_rows, policy.other_tokens = other_rows, float(other_sequences)
+            policy.shared_pass_costs = self.shared_pass_costs
         return policy, min(policy.next_k(), remaining - 1, room - 1)
 
     @staticmethod
