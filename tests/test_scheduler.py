@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from specdec.adaptive import AdaptiveK
+from specdec.adaptive import AdaptiveK, Ewma
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
 from specdec.engine import SpeculativeEngine, plain_engine
@@ -277,7 +277,7 @@ def test_measured_shared_passes_override_the_calibrated_curve():
         policy.update(4, 3, 1e-4, 0.0)
     policy.other_rows, policy.other_tokens = 3, 3.0
     assert policy.best_k() > 0  # on the calibration alone
-    policy.shared_pass_costs = {4: 4.0, 5: 5.0, 6: 6.0, 7: 7.0, 8: 8.0, 9: 9.0, 10: 10.0}
+    policy.shared_pass_costs = {rows: Ewma(0.1, value=float(rows), count=5) for rows in range(4, 11)}
     assert policy.verify_cost(2) == pytest.approx(5.0)
     assert policy.best_k() == 0
 
@@ -292,10 +292,9 @@ def test_the_engine_records_decode_only_shared_passes_by_row_count():
     while batch.running:
         batch.step()
     assert set(batch.shared_pass_costs) == {2}  # one row each for two decoding sequences; prefill passes left out
-    assert batch._shared_pass_counts[2] >= 3 and batch.shared_pass_costs[2] > 0
+    assert batch.shared_pass_costs[2].count >= 3 and batch.shared_pass_costs[2].value > 0
     batch._record_shared_pass(2, 1.0)
-    count = batch._shared_pass_counts[2]
-    assert batch.shared_pass_costs[2] < 1.0 and count >= 4
+    assert batch.shared_pass_costs[2].value < 1.0 and batch.shared_pass_costs[2].count >= 4
 
 
 class CountingPasses:

@@ -53,7 +53,7 @@ from .calibration import interpolate_cost
 
 
 @dataclass
-class _Ewma:
+class Ewma:
     """Exponentially weighted mean that is the plain mean while it has fewer than 1/alpha samples."""
 
     alpha: float
@@ -112,8 +112,8 @@ class AdaptiveK:
         # Decayed counts: position i reached by the verifier / accepted there.
         self._reached = [0.0] * max_k
         self._accepted = [0.0] * max_k
-        self._draft_cost = _Ewma(time_alpha)  # seconds per proposed token
-        self._verify: dict[int, _Ewma] = {}  # tokens verified (k + 1) -> seconds per target forward
+        self._draft_cost = Ewma(time_alpha)  # seconds per proposed token
+        self._verify: dict[int, Ewma] = {}  # tokens verified (k + 1) -> seconds per target forward
         self._decisions = 0
         self._explore_up = True
         self.last_k = self.prior_k
@@ -124,11 +124,11 @@ class AdaptiveK:
         # per second (load-aware: see verify_cost).
         self.other_rows = 0
         self.other_tokens = 0.0
-        # What shared passes of each row count really cost on this engine (seconds, set by the scheduler from
-        # its own decode-only passes): the calibration measures one sequence's rows, and several sequences'
-        # rows of the same count can cost more (measured: 15 ms a draft row beside 8 sequences where the
-        # calibrated curve said 5). Measured counts override the curve in shared passes.
-        self.shared_pass_costs: Mapping[int, float] = {}
+        # What shared passes of each row count really cost on this engine (seconds per pass, kept by the
+        # scheduler from its own decode-only passes): the calibration measures one sequence's rows, and several
+        # sequences' rows of the same count can cost more (measured: 15 ms a draft row beside 8 sequences where
+        # the calibrated curve said 5). Measured counts override the curve in shared passes.
+        self.shared_pass_costs: Mapping[int, Ewma] = {}
 
     # ----- learning -------------------------------------------------------------------------
 
@@ -146,7 +146,7 @@ class AdaptiveK:
         num_proposed = max(0, min(num_proposed, self.max_k))
         num_accepted = max(0, min(num_accepted, num_proposed))
         if target_seconds > 0:
-            self._verify.setdefault(num_proposed + 1, _Ewma(self.time_alpha)).add(target_seconds)
+            self._verify.setdefault(num_proposed + 1, Ewma(self.time_alpha)).add(target_seconds)
         if num_proposed == 0:
             return  # a plain step (or an empty draft) says nothing about acceptance
         self._draft_cost.add(max(draft_seconds, 0.0) / num_proposed)
@@ -208,7 +208,7 @@ class AdaptiveK:
         if self.other_rows > 0 and self.pass_costs:
             level = self._curve_level()
             curve = {n: c * level for n, c in self.pass_costs.items()}
-            curve.update(self.shared_pass_costs)
+            curve.update((rows, seen.value) for rows, seen in self.shared_pass_costs.items())
             return interpolate_cost(curve, self.other_rows + size)
         seen = self._verify.get(size)
         if seen is not None and seen.count > 0:

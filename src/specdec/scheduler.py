@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from .backends.base import BatchRows, forward_batch
+from .adaptive import Ewma
 from .config import SamplingParams, SpecConfig
 from .drafters.base import Draft, Drafter
 from .kvcache import ContextOverflowError, RetainedPrefix, common_prefix_length
@@ -124,8 +125,7 @@ class BatchEngine:
         self.total_stats = SpecStats()
         self.adaptive_policies: dict[str | None, object] = {}  # per draft source, for the engine's lifetime
         self.last_pass_rows = 0
-        self.shared_pass_costs: dict[int, float] = {}  # rows -> mean seconds of decode-only passes of 2+ sequences
-        self._shared_pass_counts: dict[int, int] = {}
+        self.shared_pass_costs: dict[int, Ewma] = {}  # rows -> seconds of decode-only passes of 2+ sequences
         self.last_sequence: RunningSequence | None = None  # the latest admitted (its stats: SpeculativeEngine.last_stats)
         self._ids = itertools.count()
 
@@ -352,10 +352,7 @@ class BatchEngine:
     def _record_shared_pass(self, rows: int, seconds: float, alpha: float = 0.1) -> None:
         """Keep what a decode-only pass of several sequences costs per row count (a running mean, then an EWMA):
         the price the load-aware policy reads for shared passes of that size, instead of the calibration's."""
-        count = self._shared_pass_counts.get(rows, 0) + 1
-        self._shared_pass_counts[rows] = count
-        mean = self.shared_pass_costs.get(rows, seconds)
-        self.shared_pass_costs[rows] = mean + (seconds - mean) * max(alpha, 1.0 / count)
+        self.shared_pass_costs.setdefault(rows, Ewma(alpha)).add(seconds)
 
     def _prefill_plans(self) -> list[_Plan]:
         """This step's prefill chunks: one per sequence still prefilling, at most prefill_budget prompt tokens in
