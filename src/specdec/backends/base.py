@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -48,6 +48,26 @@ def forward_batch(backend, batch: Sequence[BatchRows]) -> list[torch.Tensor]:
     if native is not None:
         return native(batch)
     return forward_each(backend, batch)
+
+
+def check_batch(batch: Sequence[BatchRows], name: str, owns: Callable[[KVCache], bool]) -> list[int]:
+    """forward_batch's checks, all before anything runs (a refused batch leaves every cache as it was): caches
+    this backend made (`owns`), each at most once, num_logits >= 0, tokens that fit (forward_rows). Returns
+    each entry's logits rows: min(num_logits, its tokens)."""
+    seen: set[int] = set()
+    wanted: list[int] = []
+    for rows in batch:
+        cache = rows.cache
+        if not owns(cache):
+            raise ValueError(f"{name}: forward_batch needs caches made by this backend's new_cache")
+        if id(cache) in seen:
+            raise ValueError(f"{name}: a cache appears more than once in one forward_batch")
+        seen.add(id(cache))
+        if int(rows.num_logits) < 0:
+            raise ValueError(f"num_logits must be >= 0, got {rows.num_logits}")
+        forward_rows(rows.tokens, cache, 1, name)  # tokens and room
+        wanted.append(min(int(rows.num_logits), len(rows.tokens)))
+    return wanted
 
 
 def forward_each(backend, batch: Sequence[BatchRows]) -> list[torch.Tensor]:

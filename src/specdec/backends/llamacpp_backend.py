@@ -70,7 +70,7 @@ import torch
 
 from ..kvcache import ContextOverflowError
 from ..native_build import cmake_args, compiler_family, cpu_flags, cpu_model, library_mismatch, rebuild_command
-from .base import BatchRows, forward_rows
+from .base import BatchRows, check_batch, forward_rows
 
 # The tiled K-quant matmul engages at 8 rows (ggml-cpu/tiled/tiled.cpp: ggml_tiled_min_batch).
 INVARIANT_ROWS = 7
@@ -381,19 +381,8 @@ class LlamaCppBackend:
         (kv_unified off: exact mode with parallel > 1).
         """
         entries = list(batch)
-        seen: set[int] = set()
-        wanted: list[int] = []
-        for rows in entries:
-            cache = rows.cache
-            if not isinstance(cache, LlamaCppSequence) or cache._backend is not self:
-                raise ValueError(f"{self.name}: forward_batch needs caches made by this backend's new_cache")
-            if id(cache) in seen:
-                raise ValueError(f"{self.name}: a cache appears more than once in one forward_batch")
-            seen.add(id(cache))
-            if int(rows.num_logits) < 0:
-                raise ValueError(f"num_logits must be >= 0, got {rows.num_logits}")
-            forward_rows(rows.tokens, cache, 1, self.name)  # tokens and room
-            wanted.append(min(int(rows.num_logits), len(rows.tokens)))
+        wanted = check_batch(entries, self.name,
+                             lambda cache: isinstance(cache, LlamaCppSequence) and cache._backend is self)
         if not entries:
             return []
         began = time.perf_counter()

@@ -10,7 +10,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from ..kvcache import PreallocatedKV
-from .base import BatchRows, forward_each, forward_rows
+from .base import BatchRows, check_batch, forward_each, forward_rows
 from .batched_cache import BatchedView
 from .static_decoder import DEFAULT_BUCKETS, StaticDecoder, static_support
 
@@ -173,18 +173,12 @@ class TransformersBackend:
         causal everywhere (sliding windows), or a batch of one, each entry runs its own forward (forward_each).
         """
         batch = list(batch)
-        seen: set[int] = set()
-        for rows in batch:  # every check before anything runs: a refused batch leaves every cache as it was
-            if id(rows.cache) in seen:
-                raise ValueError(f"{self.name}: a cache appears more than once in one forward_batch")
-            seen.add(id(rows.cache))
-            forward_rows(rows.tokens, rows.cache, max(1, rows.num_logits), self.name)
-            if self.decoder is None and not isinstance(rows.cache, PointerCache):
-                raise ValueError(f"{self.name}: forward_batch needs caches made by this backend's new_cache")
+        wanted = check_batch(batch, self.name,
+                             lambda cache: self.decoder is not None or isinstance(cache, PointerCache))
         if len(batch) < 2 or self.decoder is not None or not _batchable(self.model):
             return forward_each(self, batch)
         counts = [len(rows.tokens) for rows in batch]
-        keep = max(max(1, min(rows.num_logits, n)) for rows, n in zip(batch, counts))
+        keep = max(max(1, n) for n in wanted)
         width = max(counts)
         began = time.perf_counter()
         ids = torch.zeros(len(batch), width, dtype=torch.long)
@@ -206,8 +200,7 @@ class TransformersBackend:
         self.forward_calls += 1
         self.forward_seconds += time.perf_counter() - began
         # Entry i's last min(num_logits, rows) rows are the last rows of its line (left padding).
-        return [logits[i, keep - min(rows.num_logits, n):] if rows.num_logits else logits[i, :0]
-                for i, (rows, n) in enumerate(zip(batch, counts))]
+        return [logits[i, keep - n:] if n else logits[i, :0] for i, n in enumerate(wanted)]
 
 
 def _batchable(model) -> bool:
