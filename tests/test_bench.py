@@ -103,6 +103,15 @@ def test_method_parsing_adds_baselines_and_refuses_unknown_names():
     # Explicitly requested but impossible here: an error, not a silent skip.
     with pytest.raises(ConfigError, match="needs a draft model"):
         resolve_methods("spec_k2", options, has_draft_model=False)
+    # A per-method maximum k for the adaptive drafters, so two maxima run side by side.
+    methods, _ = resolve_methods("suffix_adaptive,suffix_adaptive_k16,prompt_lookup_adaptive_k3", options)
+    by_name = {m.name: m for m in methods}
+    assert by_name["suffix_adaptive"].spec.num_speculative_tokens == options.k_max
+    assert by_name["suffix_adaptive_k16"].spec.num_speculative_tokens == 16
+    assert by_name["suffix_adaptive_k16"].spec.k_policy == "adaptive"
+    assert by_name["prompt_lookup_adaptive_k3"].spec.drafter == "prompt_lookup"
+    with pytest.raises(ConfigError, match="k must be in"):
+        resolve_methods("suffix_adaptive_k65", options)
     # The default set only skips what cannot run.
     methods, skipped = resolve_methods(None, options, has_draft_model=False)
     assert "spec_k2" in skipped and "plain" in [m.name for m in methods]

@@ -8,7 +8,8 @@ The peer, transformers' own generate on the very same nn.Modules: `hf_plain` (gr
 `hf_assisted` (assisted generation with transformers' defaults), `hf_assisted_k<K>` (constant K
 assistant tokens, confidence stopping off; family `hf_assisted_k` expands to --k-sweep) and
 `hf_prompt_lookup` (prompt_lookup_num_tokens=-k).
-`prompt_lookup_adaptive`, `suffix_adaptive` and `hybrid_adaptive` choose k per step with the cost model (max --k-max).
+`prompt_lookup_adaptive`, `suffix_adaptive` and `hybrid_adaptive` choose k per step with the cost model (max --k-max);
+`<one of them>_k<K>` (e.g. `suffix_adaptive_k16`) sets that maximum for the one method, so maxima compare in one run.
 The other peer, llama.cpp's own llama-server on the same GGUF files (bench/llamacpp_peer.py):
 `llamacpp_plain`, `llamacpp_spec` (its draft-model speculation, default settings; `llamacpp_spec_k<K>`
 sets its draft length) and `llamacpp_ngram` (its n-gram speculation).
@@ -31,7 +32,7 @@ DEFAULT_METHODS = (
 )
 FAMILIES = (
     "plain", "spec", "spec_k<K>", "adaptive", "heuristic", "prompt_lookup", "prompt_lookup_adaptive", "suffix",
-    "suffix_adaptive", "hybrid", "hybrid_adaptive", "hf_plain", "hf_assisted", "hf_assisted_k", "hf_assisted_k<K>", "hf_prompt_lookup",
+    "suffix_adaptive", "hybrid", "hybrid_adaptive", "<drafter>_adaptive_k<K>", "hf_plain", "hf_assisted", "hf_assisted_k", "hf_assisted_k<K>", "hf_prompt_lookup",
     "llamacpp_plain", "llamacpp_spec", "llamacpp_spec_k<K>", "llamacpp_ngram", "exact_<one of ours>",
 )
 # Each peer framework's own plain decoding: its speculative methods are also compared with it.
@@ -43,6 +44,7 @@ BASELINES = ("plain", *PEER_BASELINES.values(), EXACT_BASELINE)
 _SPEC_K = re.compile(r"^spec_k(\d+)$")
 _HF_K = re.compile(r"^hf_assisted_k(\d+)$")
 _LLAMACPP_K = re.compile(r"^llamacpp_spec_k(\d+)$")
+_ADAPTIVE_K = re.compile(r"^(prompt_lookup|suffix|hybrid)_adaptive_k(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -161,12 +163,16 @@ def expand_method(name: str, options: MethodOptions) -> list[Method]:
     if name == "suffix":
         return [_spec_method(name, f"suffix trie (prompt, output, recent outputs), at most k={options.k}", options,
                              drafter="suffix", num_speculative_tokens=options.k)]
-    if name in ("prompt_lookup_adaptive", "suffix_adaptive", "hybrid_adaptive"):
-        drafter = name.removesuffix("_adaptive")
+    adaptive_k = _ADAPTIVE_K.match(name)
+    if name in ("prompt_lookup_adaptive", "suffix_adaptive", "hybrid_adaptive") or adaptive_k:
+        drafter = adaptive_k.group(1) if adaptive_k else name.removesuffix("_adaptive")
+        max_k = int(adaptive_k.group(2)) if adaptive_k else options.k_max
+        if not 1 <= max_k <= 64:
+            raise ConfigError(f"method {name!r}: k must be in [1, 64]")
         what = {"prompt_lookup": "n-gram prompt lookup", "suffix": "suffix trie",
                 "hybrid": "prompt lookup, else draft model"}[drafter]
-        return [_spec_method(name, f"{what}, adaptive k per source (max {options.k_max})", options,
-                             drafter=drafter, num_speculative_tokens=options.k_max, k_policy="adaptive")]
+        return [_spec_method(name, f"{what}, adaptive k per source (max {max_k})", options,
+                             drafter=drafter, num_speculative_tokens=max_k, k_policy="adaptive")]
     if name == "llamacpp_plain":
         return [Method(name, "llamacpp", "llama.cpp's llama-server, target only (llama.cpp baseline)",
                        llamacpp_mode="plain")]
