@@ -75,6 +75,40 @@ def test_a_long_match_drafts_the_copy_and_length_follows_the_match():
     assert trie.speculate([7, 8, 9], max_tokens=8).tokens == []  # nothing occurs: no draft
 
 
+def test_a_copy_drafts_past_the_trie_depth():
+    passage = list(range(100, 160))
+    spec = SpecConfig(drafter="suffix", suffix_depth=24, suffix_cache=False)
+    drafter = SuffixDrafter(spec)
+    prompt = [1, 2, 3] + passage + [4, 5]
+    context = prompt + [9] + passage[:20]  # the output started copying the passage
+    drafter.begin(prompt)
+    # One trie walk would stop at depth - m tokens; the drafter continues from its own draft.
+    one_walk = drafter.local.speculate(context, 64, context_is_indexed=True)
+    assert len(one_walk.tokens) < 24
+    draft = drafter.propose(context, 64)
+    assert draft.tokens[:42] == passage[20:] + [4, 5]  # the whole rest of the copy
+    assert draft.tokens[42:44] == [9, 100]  # then what followed "4, 5" in the context: the copy began again
+    assert drafter.propose(context, 30).tokens == passage[20:50]  # k still caps it
+
+
+def test_an_extended_draft_keeps_the_min_token_prob_rule():
+    # The copy forks halfway: after passage[:30] comes 7 in one occurrence and 8 in the other.
+    passage = list(range(100, 130))
+    prompt = passage + [7, 50, 51] + [0] + passage + [8, 60, 61]
+    spec = SpecConfig(drafter="suffix", suffix_depth=16, suffix_cache=False)
+    drafter = SuffixDrafter(spec)
+    drafter.begin(prompt)
+    context = prompt + [0] + passage[:10]
+    draft = drafter.propose(context, 40)
+    assert draft.tokens[:20] == passage[10:]
+    # At the fork, probability 0.5 still passes the default 0.1: the draft takes one branch and copies on.
+    branch = [7, 50, 51] if draft.tokens[20] == 7 else [8, 60, 61]
+    assert draft.tokens[20:23] == branch
+    strict = SuffixDrafter(SpecConfig(drafter="suffix", suffix_depth=16, suffix_cache=False, suffix_min_prob=0.6))
+    strict.begin(prompt)
+    assert strict.propose(context, 40).tokens == passage[10:]  # the fork at 0.5 stops a 0.6 rule
+
+
 def test_ambiguous_continuations_stop_at_min_token_prob():
     trie = SuffixTrie(depth=8)
     # After (1, 2): 3 four times, then 4 after 3 twice and 5 after 3 twice.

@@ -283,17 +283,41 @@ class SuffixDrafter:
         elif len(context) > len(known):
             self.local.add(0, context[len(known) :])
 
-    def _plan(self, context: Sequence[int], k: int) -> tuple[SuffixDraft, str]:
-        self._sync(context)
+    def _speculate(self, context: Sequence[int], k: int, context_is_indexed: bool) -> tuple[SuffixDraft, str]:
+        """The better of the request's own trie's draft and the cross-request cache's, and where it came from."""
         spec = self.spec
         args = (spec.suffix_max_factor, spec.suffix_max_offset, spec.suffix_min_prob)
-        # The request's own trie holds the current context too: its last m tokens always occur there once
-        # without a continuation, which speculate discounts.
-        draft, where = self.local.speculate(context, k, *args, context_is_indexed=True), "req"
+        draft, where = self.local.speculate(context, k, *args, context_is_indexed=context_is_indexed), "req"
         if self.cache is not None:
             cached = self.cache.trie.speculate(context, k, *args)
             if cached.score > draft.score:
                 draft, where = cached, "cache"
+        return draft, where
+
+    def _plan(self, context: Sequence[int], k: int) -> tuple[SuffixDraft, str]:
+        self._sync(context)
+        # The request's own trie holds the current context too: its last m tokens always occur there once
+        # without a continuation, which speculate discounts.
+        draft, where = self._speculate(context, k, context_is_indexed=True)
+        # A trie path is at most `depth` tokens, match included, so one speculation drafts at most depth - m
+        # tokens. A copy (code edits, quoted text) goes on far longer, and on a CPU long verifications are the
+        # cheap ones per row (docs/llamacpp.md), so continue from the context plus the draft so far: the match
+        # now ends in drafted tokens. Each token's probability carries the product so far, so the
+        # min_token_prob rule holds over the whole draft, as in one long walk.
+        tail = list(context[len(context) - min(len(context), self.depth) :])
+        while draft.tokens and len(draft.tokens) < k:
+            more, _ = self._speculate(tail + draft.tokens, k - len(draft.tokens), context_is_indexed=False)
+            carried = draft.probs[-1]
+            added = 0
+            for token, prob in zip(more.tokens, more.probs):
+                if prob * carried < self.spec.suffix_min_prob:
+                    break
+                draft.tokens.append(token)
+                draft.probs.append(prob * carried)
+                draft.score += prob * carried
+                added += 1
+            if added == 0:
+                break
         return draft, where
 
     def next_source(self, context: Sequence[int]) -> str | None:
