@@ -106,12 +106,17 @@ def test_method_parsing_adds_baselines_and_refuses_unknown_names():
     # A per-method maximum k for the adaptive drafters, so two maxima run side by side.
     methods, _ = resolve_methods("suffix_adaptive,suffix_adaptive_k16,prompt_lookup_adaptive_k3", options)
     by_name = {m.name: m for m in methods}
-    assert by_name["suffix_adaptive"].spec.num_speculative_tokens == options.k_max
+    assert by_name["suffix_adaptive"].spec.num_speculative_tokens == 32  # no --k-max: what generate uses
     assert by_name["suffix_adaptive_k16"].spec.num_speculative_tokens == 16
     assert by_name["suffix_adaptive_k16"].spec.k_policy == "adaptive"
     assert by_name["prompt_lookup_adaptive_k3"].spec.drafter == "prompt_lookup"
     with pytest.raises(ConfigError, match="k must be in"):
         resolve_methods("suffix_adaptive_k65", options)
+    assert resolve_methods("adaptive", options)[0][1].spec.num_speculative_tokens == 5  # draft model, CPU
+    on_gpu, _ = resolve_methods("adaptive,suffix_adaptive", MethodOptions(on_cuda=True))
+    assert [m.spec.num_speculative_tokens for m in on_gpu if m.spec.drafter != "none"] == [16, 32]
+    given, _ = resolve_methods("adaptive,suffix_adaptive", MethodOptions(k_max=7))
+    assert [m.spec.num_speculative_tokens for m in given if m.spec.drafter != "none"] == [7, 7]
     # The default set only skips what cannot run.
     methods, skipped = resolve_methods(None, options, has_draft_model=False)
     assert "spec_k2" in skipped and "plain" in [m.name for m in methods]

@@ -74,7 +74,7 @@ def test_negative_control_without_the_curve_a_line_through_two_sizes_misjudges()
     assert blind.best_k() == 8
 
 
-def test_default_k_is_16_for_the_adaptive_policy_on_cuda_only():
+def test_default_k_32_for_copying_drafters_16_on_cuda_else_5():
     import argparse
 
     from specdec.cli_common import default_k, spec_from_args
@@ -86,6 +86,11 @@ def test_default_k_is_16_for_the_adaptive_policy_on_cuda_only():
     assert default_k(args()) == 5
     assert default_k(args(device="cuda")) == 16
     assert default_k(args(device="cuda", k_policy="fixed")) == 5
+    assert default_k(args(), "suffix") == 32 and default_k(args(), "prompt_lookup") == 32
+    assert default_k(args(), "draft_model") == 5 and default_k(args(), "hybrid") == 5
+    assert default_k(args(k_policy="fixed"), "suffix") == 5
+    assert spec_from_args(args(), has_draft_model=False).num_speculative_tokens == 32  # no flags: suffix drafter
+    assert spec_from_args(args(), has_draft_model=True).num_speculative_tokens == 5  # draft model on a CPU
     assert spec_from_args(args(device="cuda", k=3), has_draft_model=True).num_speculative_tokens == 3  # given: kept
 
 

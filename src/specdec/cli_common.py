@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import BACKENDS, WEIGHT_FORMATS, ConfigError, ModelRef, SamplingParams, SpecConfig
+from .config import BACKENDS, WEIGHT_FORMATS, ConfigError, ModelRef, SamplingParams, SpecConfig, adaptive_max_k
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True, config: bool = True) -> None:
@@ -183,9 +183,11 @@ def runs_on_cuda(args: argparse.Namespace) -> bool:
     return uses_cuda(str(getattr(args, "device", "auto"))) and getattr(args, "backend", "auto") != "llama.cpp"
 
 
-def default_k(args: argparse.Namespace) -> int:
-    """5; 16 for the adaptive policy on CUDA (measured: 17-row passes cost ~1.1 one-row passes on an H200)."""
-    return 16 if getattr(args, "k_policy", None) == "adaptive" and runs_on_cuda(args) else 5
+def default_k(args: argparse.Namespace, drafter: str | None = None) -> int:
+    """The largest draft when --k is not given: 5 for a fixed or heuristic k, config.adaptive_max_k for the adaptive policy."""
+    if getattr(args, "k_policy", None) != "adaptive":
+        return 5
+    return adaptive_max_k(drafter or "draft_model", runs_on_cuda(args))
 
 
 def default_pair_drafts_with_model(args: argparse.Namespace) -> bool:
@@ -206,7 +208,7 @@ def spec_from_args(args: argparse.Namespace, has_draft_model: bool) -> SpecConfi
     lookup = {name: getattr(args, name) for name in ("lookup_min_ngram", "lookup_max_ngram")
               if getattr(args, name, None) is not None}  # no flags: only a --config file sets them
     return SpecConfig(
-        num_speculative_tokens=args.k if args.k is not None else default_k(args), drafter=drafter, draft_p_min=args.draft_p_min, k_policy=args.k_policy,
+        num_speculative_tokens=args.k if args.k is not None else default_k(args, drafter), drafter=drafter, draft_p_min=args.draft_p_min, k_policy=args.k_policy,
         prefix_cache=getattr(args, "prefix_cache", True), suffix_cache=getattr(args, "suffix_cache", True), **lookup,
     )
 

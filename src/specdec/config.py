@@ -66,6 +66,24 @@ class SamplingParams:
         return self.temperature == 0
 
 
+COPYING_DRAFTERS = ("suffix", "prompt_lookup")
+
+
+def adaptive_max_k(drafter: str, on_cuda: bool = False) -> int:
+    """The adaptive policy's largest draft when none is given: 32 for the copying drafters, else 16 on CUDA, 5 on a CPU.
+
+    The policy drafts only lengths that pay on the measured pass costs, so the maximum only has to be long
+    enough. A copy (code edits, quoted text) is accepted for dozens of tokens, and long verifications are the
+    cheap ones per row: on the 2-core EPYC a 33-row pass costs 13 one-row passes, 5 rows cost 3.3
+    (benchmarks/long-drafts-2core: code_edit and HumanEval 1.35x of llama.cpp plain at 32, 1.11x at 5). A
+    draft model pays for every drafted token, so it keeps 5 on a CPU; on CUDA 17-row passes cost ~1.1
+    one-row passes (H200).
+    """
+    if drafter in COPYING_DRAFTERS:
+        return 32
+    return 16 if on_cuda else 5
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """How speculation runs: drafter name, draft length k, and the drafting policy knobs."""
@@ -192,5 +210,6 @@ def from_json(text: str) -> Any:
 
 
 __all__ = [
+    "COPYING_DRAFTERS", "adaptive_max_k",
     "BACKENDS", "ConfigError", "SamplingParams", "SpecConfig", "ModelRef", "WEIGHT_FORMATS", "to_json", "from_json",
 ]

@@ -58,7 +58,9 @@ def register(commands) -> None:
                        help="draft lengths for the fixed-k methods (spec, hf_assisted_k); default 2,4,6")
     bench.add_argument("--num-speculative-tokens", "-k", "--draft-max", dest="k", type=int, default=5,
                        help="k for heuristic (start), prompt_lookup, hybrid and hf_prompt_lookup; default 5")
-    bench.add_argument("--k-max", type=int, default=8, help="maximum k of the adaptive policy; default 8")
+    bench.add_argument("--k-max", type=int, default=None,
+                       help="maximum k of the adaptive methods; default: what generate uses (32 for the copying "
+                            "drafters; for a draft model 5 on a CPU, 16 on CUDA)")
     bench.add_argument("--draft-p-min", type=float, default=0.0,
                        help="stop drafting when the draft's top probability falls below this (default 0: off)")
     bench.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and method (default 1)")
@@ -116,12 +118,14 @@ def parse_thread_list(value) -> tuple[int | None, ...]:
 def method_options(args: argparse.Namespace) -> MethodOptions:
     if not 1 <= args.k <= 64:
         raise ConfigError(f"-k must be in [1, 64], got {args.k}")
-    if not 1 <= args.k_max <= 64:
+    if args.k_max is not None and not 1 <= args.k_max <= 64:
         raise ConfigError(f"--k-max must be in [1, 64], got {args.k_max}")
     if not 0 <= args.draft_p_min < 1:
         raise ConfigError(f"--draft-p-min must be in [0, 1), got {args.draft_p_min}")
+    from ..cli_common import runs_on_cuda
+
     return MethodOptions(k_sweep=parse_k_list(args.k_sweep), k=args.k, k_max=args.k_max,
-                         draft_p_min=args.draft_p_min)
+                         draft_p_min=args.draft_p_min, on_cuda=runs_on_cuda(args))
 
 
 def validate_bench_args(args: argparse.Namespace) -> None:

@@ -9,6 +9,7 @@ The peer, transformers' own generate on the very same nn.Modules: `hf_plain` (gr
 assistant tokens, confidence stopping off; family `hf_assisted_k` expands to --k-sweep) and
 `hf_prompt_lookup` (prompt_lookup_num_tokens=-k).
 `prompt_lookup_adaptive`, `suffix_adaptive` and `hybrid_adaptive` choose k per step with the cost model (max --k-max);
+without --k-max each takes what `generate` uses (config.adaptive_max_k: 32 for the copying drafters);
 `<one of them>_k<K>` (e.g. `suffix_adaptive_k16`) sets that maximum for the one method, so maxima compare in one run.
 The other peer, llama.cpp's own llama-server on the same GGUF files (bench/llamacpp_peer.py):
 `llamacpp_plain`, `llamacpp_spec` (its draft-model speculation, default settings; `llamacpp_spec_k<K>`
@@ -24,7 +25,7 @@ import importlib
 import re
 from dataclasses import dataclass, replace
 
-from ..config import ConfigError, SpecConfig
+from ..config import ConfigError, SpecConfig, adaptive_max_k
 
 DEFAULT_METHODS = (
     "plain", "spec", "adaptive", "heuristic", "prompt_lookup", "prompt_lookup_adaptive", "hybrid", "hybrid_adaptive",
@@ -102,7 +103,11 @@ class Method:
 class MethodOptions:
     k_sweep: tuple[int, ...] = (2, 4, 6)
     k: int = 5  # heuristic start, prompt_lookup, hybrid, hf_prompt_lookup
-    k_max: int = 8  # adaptive's maximum
+    k_max: int | None = None  # adaptive's maximum; None: what generate uses (config.adaptive_max_k)
+    on_cuda: bool = False  # where the target runs (adaptive_max_k depends on it)
+
+    def adaptive_max_k(self, drafter: str) -> int:
+        return self.k_max if self.k_max is not None else adaptive_max_k(drafter, self.on_cuda)
     draft_p_min: float = 0.0
 
 
@@ -149,8 +154,9 @@ def expand_method(name: str, options: MethodOptions) -> list[Method]:
         return [_spec_method(name, f"draft model, fixed k={k}", options, drafter="draft_model",
                              num_speculative_tokens=k)]
     if name == "adaptive":
-        return [_spec_method(name, f"draft model, adaptive k (cost model, max {options.k_max})", options,
-                             drafter="draft_model", num_speculative_tokens=options.k_max, k_policy="adaptive")]
+        max_k = options.adaptive_max_k("draft_model")
+        return [_spec_method(name, f"draft model, adaptive k (cost model, max {max_k})", options,
+                             drafter="draft_model", num_speculative_tokens=max_k, k_policy="adaptive")]
     if name == "heuristic":
         return [_spec_method(name, f"draft model, heuristic k (+2/-1, start {options.k})", options,
                              drafter="draft_model", num_speculative_tokens=options.k, k_policy="heuristic")]
@@ -166,7 +172,7 @@ def expand_method(name: str, options: MethodOptions) -> list[Method]:
     adaptive_k = _ADAPTIVE_K.match(name)
     if name in ("prompt_lookup_adaptive", "suffix_adaptive", "hybrid_adaptive") or adaptive_k:
         drafter = adaptive_k.group(1) if adaptive_k else name.removesuffix("_adaptive")
-        max_k = int(adaptive_k.group(2)) if adaptive_k else options.k_max
+        max_k = int(adaptive_k.group(2)) if adaptive_k else options.adaptive_max_k(drafter)
         if not 1 <= max_k <= 64:
             raise ConfigError(f"method {name!r}: k must be in [1, 64]")
         what = {"prompt_lookup": "n-gram prompt lookup", "suffix": "suffix trie",
