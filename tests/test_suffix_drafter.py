@@ -91,6 +91,14 @@ def test_a_copy_drafts_past_the_trie_depth():
     assert drafter.propose(context, 30).tokens == passage[20:50]  # k still caps it
 
 
+def test_a_short_match_does_not_continue_past_its_own_length():
+    # "5 6" occurs before a long run: a 2-token match drafts at most 2 tokens (factor 1), chained or not.
+    prompt = [5, 6] + list(range(100, 160)) + [1, 2, 3]
+    drafter = SuffixDrafter(SpecConfig(drafter="suffix", suffix_depth=24, suffix_cache=False))
+    drafter.begin(prompt)
+    assert drafter.propose(prompt + [9, 5, 6], 32).tokens == [100, 101]
+
+
 def test_an_extended_draft_keeps_the_min_token_prob_rule():
     # The copy forks halfway: after passage[:30] comes 7 in one occurrence and 8 in the other.
     passage = list(range(100, 130))

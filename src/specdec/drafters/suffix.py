@@ -7,7 +7,9 @@ occurs; from the matched node the draft follows the most frequent child while th
 child/parent counts (an estimate of each token's probability) stays >= min_token_prob, for at most
 max_spec_factor * m + max_spec_offset tokens. Among the m, the draft with the largest summed
 probability wins, and the same holds between the request's own trie and the cross-request cache.
-So a long match (a copy) drafts long, a short or ambiguous one drafts little or nothing.
+So a long match (a copy) drafts long, a short or ambiguous one drafts little or nothing. Where the
+context's last depth / 2 tokens or more occur earlier, the draft continues past the trie's depth by
+speculating again from the context plus the draft so far (SuffixDrafter._plan), up to k.
 
 Deterministic, so drafts carry probs=None (the verifier treats them as one-hot: lossless). The
 cross-request cache is bounded by tokens (oldest responses evicted first), lives in this process only
@@ -86,12 +88,14 @@ class _Node:
 
 @dataclass
 class SuffixDraft:
-    """A speculation: tokens, each one's estimated probability, their sum (the score) and the matched length."""
+    """A speculation: tokens, each one's estimated probability, their sum (the score), the matched length it
+    drafted from, and the longest suffix of the context that occurs at all (a long one marks a copy)."""
 
     tokens: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
     score: float = 0.0
     match_length: int = 0
+    longest_match: int = 0
 
 
 class SuffixTrie:
@@ -179,12 +183,13 @@ class SuffixTrie:
             else:
                 high = mid - 1
         m = low
+        best.longest_match = low
         while m >= 1:
             node = matched(m)
             allowed = min(max_tokens, int(m * max_spec_factor + max_spec_offset + 1e-6), self.depth - m)
             draft = _follow(node, node.count - own, allowed, min_token_prob)
             if draft.tokens and draft.score > best.score:
-                draft.match_length = m
+                draft.match_length, draft.longest_match = m, low
                 best = draft
             m //= 2
         return best
@@ -301,9 +306,13 @@ class SuffixDrafter:
         draft, where = self._speculate(context, k, context_is_indexed=True)
         # A trie path is at most `depth` tokens, match included, so one speculation drafts at most depth - m
         # tokens. A copy (code edits, quoted text) goes on far longer, and on a CPU long verifications are the
-        # cheap ones per row (docs/llamacpp.md), so continue from the context plus the draft so far: the match
-        # now ends in drafted tokens. Each token's probability carries the product so far, so the
-        # min_token_prob rule holds over the whole draft, as in one long walk.
+        # cheap ones per row (docs/llamacpp.md), so where the context's last depth / 2 tokens or more occur
+        # earlier (a copy: llama.cpp's ngram-simple looks up 12 tokens too), continue from the context plus the
+        # draft so far: the match now ends in drafted tokens. A shorter match does not continue: its draft
+        # stays within max_spec_factor * m, which keeps drafts short on chat, where such matches often fail.
+        # Each token's probability carries the product so far, so min_token_prob holds over the whole draft.
+        if draft.longest_match < self.depth // 2:
+            return draft, where
         tail = list(context[len(context) - min(len(context), self.depth) :])
         while draft.tokens and len(draft.tokens) < k:
             more, _ = self._speculate(tail + draft.tokens, k - len(draft.tokens), context_is_indexed=False)
