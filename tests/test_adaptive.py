@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -64,6 +65,32 @@ def test_per_position_acceptance_is_conditional_on_being_reached():
     assert rates[3] == pytest.approx(1.0)  # reached once (second step), accepted once
     assert policy.acceptance_rate == pytest.approx(6 / 7)  # 3 looked at + 4 looked at; 6 accepted
     assert policy.draft_cost == pytest.approx(0.1)
+
+
+def test_best_k_is_the_argmax_of_the_formula_written_out(monkeypatch):
+    """The one-pass rate sweep (linear in max_k) against rate(k) = E[tokens | k] / (k c + v(k + 1)) computed
+    independently for each k, on a measured curve, on fitted costs and in a shared pass."""
+    rng = random.Random(3)
+    curve = {1: 0.035, 2: 0.055, 3: 0.076, 4: 0.092, 6: 0.135, 8: 0.221, 9: 0.233, 16: 0.264, 17: 0.291,
+             32: 0.443, 33: 0.462}
+    for trial in range(30):
+        policy = AdaptiveK(32, pass_costs=curve if trial % 3 else None)
+        if trial % 3 == 2:
+            policy.other_rows, policy.other_tokens = 3, 3.0
+        for _ in range(40):
+            k = rng.randrange(0, 33)
+            policy.update(k, rng.randrange(0, k + 1), k * 1e-4, curve.get(k + 1, 0.03 * (k + 1)))
+        rates = policy.acceptance_per_pos()
+
+        def written_out(k):
+            expected = 1 + sum(math.prod(rates[:j + 1]) for j in range(k))
+            shared = policy.other_tokens if policy.other_rows > 0 and policy.pass_costs else 0.0
+            return (shared + expected) / (k * policy.draft_cost + policy.verify_cost(k + 1))
+
+        reference = [written_out(k) for k in range(33)]
+        assert [policy.expected_rate(k) for k in range(33)] == pytest.approx(reference, rel=1e-9)
+        best = max(range(33), key=lambda k: (reference[k], -k))
+        assert reference[policy.best_k()] == pytest.approx(reference[best], rel=1e-9)
 
 
 def test_high_acceptance_and_cheap_draft_picks_max_k():

@@ -362,6 +362,9 @@ def test_a_second_turn_runs_on_the_conversation_with_plain_decodings_answer(tmp_
     assert second["prompt_tokens"] == len(decoder.encode(conversation, chat=False))
     assert {(r["prompt_id"], r["method"]) for r in results["runs"]} == {
         (q, m) for q in ("7", "7-turn2") for m in ("plain", "suffix_adaptive")}
+    # Every timed run prefilled cold: no method found the previous run's conversation kept in its cache.
+    assert all(r["stats"]["num_cached_prompt_tokens"] == 0 for r in results["runs"])
+    assert all(r["prefill_tokens"] == r["prompt_tokens"] - 1 for r in results["runs"])
 
 
 def test_second_turns_need_the_plain_method(tmp_path):

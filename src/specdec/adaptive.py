@@ -196,7 +196,7 @@ class AdaptiveK:
         """Measured seconds per drafted token (0 before any draft)."""
         return self._draft_cost.value
 
-    def verify_cost(self, size: int) -> float:
+    def verify_cost(self, size: int, level: float | None = None) -> float:
         """Seconds for one target forward over `size` tokens: measured, else a line through the measured sizes.
 
         Beside other sequences' rows (other_rows > 0) and with a measured curve, the whole shared pass:
@@ -205,8 +205,9 @@ class AdaptiveK:
         yields tokens faster than the pass already does: more drafting where rows are nearly free (a GPU's
         flat curve), none where every row costs a full one (a compute-bound CPU).
         """
-        if self.other_rows > 0 and self.pass_costs:
+        if level is None and self.pass_costs:
             level = self._curve_level()
+        if self.other_rows > 0 and self.pass_costs:
             curve = {n: c * level for n, c in self.pass_costs.items()}
             curve.update((rows, seen.value) for rows, seen in self.shared_pass_costs.items())
             return interpolate_cost(curve, self.other_rows + size)
@@ -215,7 +216,7 @@ class AdaptiveK:
             return seen.value
         points = [(s, e.value) for s, e in self._verify.items() if e.count > 0]
         if self.pass_costs:
-            return interpolate_cost(self.pass_costs, size) * self._curve_level()
+            return interpolate_cost(self.pass_costs, size) * level
         if not points:
             return 1.0  # no measurement yet: only ratios matter, and k=prior until measured
         points.sort()
@@ -238,16 +239,28 @@ class AdaptiveK:
 
     def expected_rate(self, k: int, rates: list[float] | None = None) -> float:
         """Expected tokens per second when proposing k tokens this step (of the whole pass, when shared)."""
-        cost = k * self.draft_cost + self.verify_cost(k + 1)
+        return self._rates(rates)[k]
+
+    def _rates(self, rates: list[float] | None = None) -> list[float]:
+        """expected_rate(k) for every k in [0, max_k], in one pass (E[tokens | k] accumulated, the curve's
+        level computed once): the policy decides every step, so this stays linear in max_k."""
+        rates = self.acceptance_per_pos() if rates is None else rates
+        level = self._curve_level() if self.pass_costs else None
         shared = self.other_tokens if self.other_rows > 0 and self.pass_costs else 0.0
-        return (shared + self.expected_tokens(k, rates)) / cost if cost > 0 else float("inf")
+        out: list[float] = []
+        expected, survive = 1.0, 1.0
+        for k in range(self.max_k + 1):
+            if k:
+                survive *= rates[k - 1]
+                expected += survive
+            cost = k * self.draft_cost + self.verify_cost(k + 1, level)
+            out.append((shared + expected) / cost if cost > 0 else float("inf"))
+        return out
 
     def best_k(self) -> int:
         """argmax_k expected_rate(k) over [0, max_k] (ties go to the smaller k)."""
-        rates = self.acceptance_per_pos()
         best, best_rate = 0, -1.0
-        for k in range(self.max_k + 1):
-            rate = self.expected_rate(k, rates)
+        for k, rate in enumerate(self._rates()):
             if rate > best_rate * (1 + 1e-9):
                 best, best_rate = k, rate
         return best
@@ -295,9 +308,8 @@ class AdaptiveK:
         If not, the measured costs alone (drafting + verifying extra rows) rule drafting out, and exploring
         it would only spend time: acceptance cannot rise above 1.
         """
-        perfect = [1.0] * self.max_k
-        plain = self.expected_rate(0, perfect)
-        return any(self.expected_rate(k, perfect) > (1 + margin) * plain for k in range(1, self.max_k + 1))
+        rates = self._rates([1.0] * self.max_k)
+        return any(rate > (1 + margin) * rates[0] for rate in rates[1:])
 
     def _neighbour(self, k: int) -> int:
         step = 1 if self._explore_up else -1

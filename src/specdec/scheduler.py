@@ -321,8 +321,12 @@ class BatchEngine:
         if not plans:
             return outputs
         began = time.perf_counter()
+        slice_rows = self._verification_slice_rows(plans)
         try:
-            logits = forward_batch(self.target, [p.rows for p in plans])
+            if slice_rows:
+                logits = [verify_rows_in_slices(self.target, plans[0].rows, plans[0].proposed, slice_rows)]
+            else:
+                logits = forward_batch(self.target, [p.rows for p in plans])
         except BaseException as exc:
             # The backend rolled every cache back to before the call; the sequences in it end, with the error.
             for plan in plans:
@@ -332,7 +336,7 @@ class BatchEngine:
                 raise
             return outputs
         target_seconds = time.perf_counter() - began
-        self.last_pass_rows = sum(len(p.rows.tokens) for p in plans)
+        self.last_pass_rows = len(logits[0]) if slice_rows else sum(len(p.rows.tokens) for p in plans)
         if len(plans) > 1 and all(p.decode for p in plans):
             self._record_shared_pass(self.last_pass_rows, target_seconds)
         for plan, rows_logits in zip(plans, logits):
@@ -348,6 +352,20 @@ class BatchEngine:
                 self._leave(sequence, "error", clean=False)
                 outputs.append(StepOutput(sequence, [], [], "", "error", exc))
         return outputs
+
+    def _verification_slice_rows(self, plans: list["_Plan"]) -> int:
+        """Rows per slice when a lone greedy verification may stop at its first rejection, else 0.
+
+        Exact mode decodes verified rows in slices of `invariant_rows` anyway (the row-invariant kernels), so
+        running those slices one by one gives the same logits, and after a slice whose argmax departs from the
+        draft the later rows can no longer be accepted: a long draft rejected early costs its first slices only.
+        """
+        if len(plans) != 1 or not plans[0].decode or not plans[0].sequence.params.greedy:
+            return 0
+        if not getattr(self.target, "batch_invariant", False):
+            return 0
+        rows = int(getattr(self.target, "invariant_rows", 0) or 0)
+        return rows if 0 < rows < len(plans[0].rows.tokens) else 0
 
     def _record_shared_pass(self, rows: int, seconds: float, alpha: float = 0.1) -> None:
         """Keep what a decode-only pass of several sequences costs per row count (a running mean, then an EWMA):
@@ -447,7 +465,9 @@ class BatchEngine:
         sequence, proposed, draft, params = plan.sequence, plan.proposed, plan.draft, plan.sequence.params
         stats = sequence.stats
         if params.greedy:
-            verdict = verify_greedy(proposed, greedy_tokens(logits).tolist())
+            choices = greedy_tokens(logits).tolist()
+            # A sliced verification may have stopped early: then its last row holds the first disagreement.
+            verdict = verify_greedy(proposed[: len(choices) - 1], choices)
         else:
             target_probs = probabilities(logits, params)
             draft_probs = draft.probs[: len(proposed)] if draft.probs is not None else None
@@ -501,6 +521,27 @@ class BatchEngine:
             sequence.finish_reason = finish
             self._leave(sequence, finish, clean=True)
         return StepOutput(sequence, new_tokens, new_from_draft, delta, finish)
+
+
+def verify_rows_in_slices(backend, rows: BatchRows, proposed: Sequence[int], slice_rows: int) -> torch.Tensor:
+    """Greedy verification of one sequence's rows ([last token] + proposed), slice_rows at a time, stopping after
+    the first slice in which the target's argmax departs from the draft. Returns the logits rows computed (all
+    of them when every draft token is accepted); on an error the cache is left as it was before the call."""
+    cache = rows.cache
+    start = cache.length
+    parts: list[torch.Tensor] = []
+    try:
+        for lo in range(0, len(rows.tokens), slice_rows):
+            chunk = list(rows.tokens[lo : lo + slice_rows])
+            logits = forward_batch(backend, [BatchRows(chunk, cache, len(chunk))])[0]
+            parts.append(logits)
+            choices = greedy_tokens(logits).tolist()
+            if any(choice != proposed[lo + i] for i, choice in enumerate(choices) if lo + i < len(proposed)):
+                break
+    except BaseException:
+        cache.trim(cache.length - start)
+        raise
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def default_decoder(backend) -> Callable[[Sequence[int]], str]:

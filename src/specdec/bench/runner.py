@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..config import SamplingParams
-from ..kvcache import common_prefix_length
+from ..kvcache import common_prefix_length, release_retained
 from ..metrics import SpecStats
 from ..native_build import cpu_model
 from .datasets import BenchPrompt
@@ -191,7 +191,14 @@ class BenchRunner:
 
     def run_method(self, method: Method, prompt_ids: Sequence[int], params: SamplingParams) -> _Outcome:
         if method.kind == "specdec":
-            engine = self.decoder_for(method).engine(method.spec)
+            decoder = self.decoder_for(method)
+            engine = decoder.engine(method.spec)
+            # Every method prefills cold, as the peers do (cache_prompt off): an engine keeps its last request's
+            # tokens for a next one that shares them, and with methods interleaved whichever ran last would
+            # otherwise get a second turn's conversation prefilled already.
+            for backend in (decoder.target, decoder.draft):
+                if backend is not None:
+                    release_retained(backend)
             began = time.perf_counter()
             generation = engine.generate(prompt_ids, params)
             seconds = time.perf_counter() - began

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..bench.methods import Method
-from ..config import ConfigError, SpecConfig
+from ..config import ConfigError, SpecConfig, adaptive_max_k
 
 # Drafters that read a draft model; prompt lookup and the suffix drafter need none.
 MODEL_DRAFTERS = ("draft_model", "hybrid")
@@ -53,7 +53,8 @@ class TuneOptions:
     drafters: tuple[str, ...] = DEFAULT_DRAFTERS
     k_policies: tuple[str, ...] = DEFAULT_K_POLICIES
     k_sweep: tuple[int, ...] = DEFAULT_K_SWEEP  # k values of the fixed policy
-    k_max: int = 8  # the adaptive policy's maximum
+    k_max: int | None = None  # the adaptive policy's maximum; None: what generate uses (config.adaptive_max_k)
+    on_cuda: bool = False  # where the target runs (the default maximum depends on it)
     heuristic_k: int = 5  # the heuristic policy's starting k
     draft_p_min: float = 0.0
     # A configuration is recommended only if the confidence interval of its paired speedup lies above 1
@@ -67,20 +68,20 @@ class TuneOptions:
         if not self.k_sweep or any(not 1 <= k <= 64 for k in self.k_sweep):
             raise ConfigError(f"fixed k values must be integers in [1, 64], got {self.k_sweep!r}")
         for name, k in (("k_max", self.k_max), ("heuristic_k", self.heuristic_k)):
-            if not 1 <= k <= 64:
+            if k is not None and not 1 <= k <= 64:
                 raise ConfigError(f"{name} must be in [1, 64], got {k}")
         if not self.min_speedup > 0:
             raise ConfigError(f"min_speedup must be > 0, got {self.min_speedup}")
         if not 0.5 <= self.confidence < 1:
             raise ConfigError(f"confidence must be in [0.5, 1), got {self.confidence}")
 
-    def policies(self) -> list[PolicyChoice]:
+    def policies(self, drafter: str = "draft_model") -> list[PolicyChoice]:
         out: list[PolicyChoice] = []
         for policy in self.k_policies:
             if policy == "fixed":
                 out += [PolicyChoice("fixed", k) for k in self.k_sweep]
             elif policy == "adaptive":
-                out.append(PolicyChoice("adaptive", self.k_max))
+                out.append(PolicyChoice("adaptive", self.k_max or adaptive_max_k(drafter, self.on_cuda)))
             else:
                 out.append(PolicyChoice("heuristic", self.heuristic_k))
         return out
@@ -138,7 +139,7 @@ def candidate_method(drafter: str, choice: PolicyChoice, options: TuneOptions) -
 
 
 def methods_for(drafters: Sequence[str], options: TuneOptions) -> list[Method]:
-    return [candidate_method(d, choice, options) for d in drafters for choice in options.policies()]
+    return [candidate_method(d, choice, options) for d in drafters for choice in options.policies(d)]
 
 
 __all__ = [

@@ -6,7 +6,7 @@ import argparse
 import sys
 from dataclasses import replace
 
-from ..cli_common import add_model_arguments, model_ref_from_args
+from ..cli_common import add_model_arguments, model_ref_from_args, runs_on_cuda
 from ..config import ConfigError, SamplingParams
 from .candidates import (
     DEFAULT_DRAFTERS, DEFAULT_K_POLICIES, DEFAULT_K_SWEEP, DRAFTERS, K_POLICIES, MIN_PAIRED_RUNS,
@@ -48,7 +48,9 @@ def register(commands) -> None:
                    help=f"k policies from {', '.join(K_POLICIES)} (default {','.join(DEFAULT_K_POLICIES)})")
     p.add_argument("--k-sweep", default=",".join(map(str, DEFAULT_K_SWEEP)),
                    help=f"draft lengths of the fixed policy (default {','.join(map(str, DEFAULT_K_SWEEP))})")
-    p.add_argument("--k-max", type=int, default=8, help="maximum k of the adaptive policy (default 8)")
+    p.add_argument("--k-max", type=int, default=None,
+                   help="maximum k of the adaptive policy (default: what generate uses: 32 for the copying drafters; "
+                        "for a draft model 5 on a CPU, 16 on CUDA)")
     p.add_argument("--heuristic-k", type=int, default=5, help="starting k of the heuristic policy (default 5)")
     p.add_argument("--draft-p-min", type=float, default=0.0,
                    help="stop drafting when the draft's top probability falls below this (default 0: off)")
@@ -87,7 +89,7 @@ def options_from_args(args: argparse.Namespace):
     return TuneOptions(
         drafters=args.drafters, k_policies=args.k_policies, k_sweep=parse_k_list(args.k_sweep), k_max=args.k_max,
         heuristic_k=args.heuristic_k, draft_p_min=args.draft_p_min, min_speedup=args.min_speedup,
-        confidence=args.confidence,
+        confidence=args.confidence, on_cuda=runs_on_cuda(args),
     )
 
 
