@@ -22,6 +22,7 @@ Definitions (the same in the JSON, the markdown and the docs):
   for model-free drafters (and hybrid), drafting seconds per drafted token / target single-token forward.
 - Leviathan bound: (1 - a^(k+1)) / ((1 - a)(k c + 1)) from the measured a, k (the mean drafted length
   for adaptive policies) and c.
+- ceiling, rows per token, share of the ceiling: see ceiling.py.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import math
 from pathlib import Path
 
 from ..metrics import SpecStats, leviathan_speedup
+from .ceiling import ceiling_markdown, ceiling_summary
 from .methods import BASELINES, EXACT_BASELINE, EXACT_PREFIX, PEER_BASELINES
 from .runner import stats_from_raw
 
@@ -309,6 +311,7 @@ def summarise(results: dict) -> dict:
         "overall": overall,
         "per_task": per_task,
         "tasks": tasks,
+        "ceiling": ceiling_summary(results, overall, per_task),
         "relative_per_task": relative_per_task(overall, per_task, tasks),
         "exact_vs_default": exact_vs_default(overall, per_task, tasks),
         "greedy_differences": greedy_differences(results),
@@ -659,6 +662,8 @@ def to_markdown(results: dict, title: str = "specdec bench") -> str:
         task_acceptance_table(summary),
         "",
     ]
+    if summary.get("ceiling"):
+        lines += ceiling_markdown(summary["ceiling"], summary["tasks"])
     positions = position_table(summary)
     if positions:
         lines += ["## Acceptance rate per draft position", "", "P(position i accepted | a draft reached it).", "",

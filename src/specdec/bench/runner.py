@@ -397,11 +397,24 @@ class BenchRunner:
                 **config.extra,
             },
             "environment": env,
+            # The per-row-count pass costs the adaptive policies read in this run (calibration.py), in ms: the
+            # report prints them and the ceiling a perfect drafter would reach on them.
+            "pass_costs_ms": {
+                **({"default": _curve_ms(self.decoder.target)} if _curve_ms(self.decoder.target) else {}),
+                **({"exact": _curve_ms(self.exact.target)} if self.exact is not None and _curve_ms(self.exact.target)
+                   else {}),
+            },
             "skipped_prompts": skipped_prompts,
             "runs": runs,
             "outputs": outputs,
             "wall_seconds": round(time.time() - started, 3),
         }
+
+
+def _curve_ms(backend) -> dict[str, float] | None:
+    """A backend's measured pass-cost curve in ms by row count (None when nothing calibrated it)."""
+    curve = getattr(backend, "pass_costs", None)
+    return {str(rows): round(seconds * 1000, 3) for rows, seconds in sorted(curve.items())} if curve else None
 
 
 def _mark_identical(batch: list[dict], tokens: dict[str, list[int]], greedy: bool) -> None:

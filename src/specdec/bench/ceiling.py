@@ -1,0 +1,94 @@
+"""What a perfect drafter would buy on the run's measured pass costs, beside what each method reached: per method and task, rows per emitted token, decode speedup over its own plain decoding, and the share of the ceiling.
+
+The ceiling (calibration.machine_ceiling) is a decode-time figure: the best (k + 1) x cost(1) / (cost(k + 1) +
+k c cost(1)) over k up to the method's maximum, on the curve the adaptive policies read in the run
+(results["pass_costs_ms"], "exact" for the exact_ methods). What a method reached is its decode tok/s over its
+own plain decoding's in the same scope (prefill excluded on both sides, since no drafter changes it).
+Rows per emitted token = target rows verified in decoding passes / generated tokens (1.00 for plain decoding;
+below 1 only when drafts are accepted, above when rejected rows are paid for).
+"""
+
+from __future__ import annotations
+
+from ..calibration import machine_ceiling
+from .methods import EXACT_BASELINE
+
+
+def _curve(results: dict, exact: bool) -> dict[int, float] | None:
+    curves = results.get("pass_costs_ms") or {}
+    curve = curves.get("exact" if exact else "default")
+    return {int(rows): float(ms) for rows, ms in curve.items()} if curve else None
+
+
+def rows_per_token(row: dict) -> float | None:
+    """Verified rows per generated token: drafted tokens plus one row per decoding pass (passes: our engine's
+    count; a peer's, which it does not report, as generated - accepted, each pass emitting accepted + 1)."""
+    tokens = row.get("generated_tokens") or 0
+    if not tokens:
+        return None
+    passes = row.get("num_target_forwards") or (tokens - (row.get("num_accepted_tokens") or 0))
+    return round(((row.get("num_draft_tokens") or 0) + passes) / tokens, 4)
+
+
+def _scope_ceilings(scope: dict, methods: dict, results: dict) -> dict:
+    out: dict[str, dict] = {}
+    for name, row in scope.items():
+        method = methods.get(name) or {}
+        entry = {"rows_per_token": rows_per_token(row)}
+        exact = bool(method.get("exact"))
+        curve = _curve(results, exact)
+        own_plain = scope.get(EXACT_BASELINE if exact else "plain")
+        if method.get("kind") == "specdec" and method.get("k") and curve:
+            speedup, best_k = machine_ceiling(curve, int(method["k"]), row.get("cost_ratio") or 0.0)
+            entry.update(ceiling=round(speedup, 4), ceiling_k=best_k, max_k=int(method["k"]))
+            plain_rate = (own_plain or {}).get("decode_tokens_per_second")
+            rate = row.get("decode_tokens_per_second")
+            if plain_rate and rate:
+                entry["decode_speedup"] = round(rate / plain_rate, 4)
+                entry["share_of_ceiling"] = round(rate / plain_rate / speedup, 4) if speedup > 1 else None
+        out[name] = entry
+    return out
+
+
+def ceiling_summary(results: dict, overall: dict, per_task: dict) -> dict | None:
+    """{"curves_ms", "overall": {method: {...}}, "per_task": {task: {method: {...}}}}, or None without a curve."""
+    if not results.get("pass_costs_ms"):
+        return None
+    methods = {m["name"]: m for m in results["config"]["methods"]}
+    return {
+        "curves_ms": results["pass_costs_ms"],
+        "overall": _scope_ceilings(overall, methods, results),
+        "per_task": {task: _scope_ceilings(scope, methods, results) for task, scope in per_task.items()},
+    }
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
+
+
+def ceiling_markdown(ceiling: dict, tasks: list[str]) -> list[str]:
+    """The curve(s), then per method: max k, ceiling, decode speedup, share of the ceiling overall and per task."""
+    lines = ["## Cost curve and ceiling", ""]
+    for mode, curve in ceiling["curves_ms"].items():
+        rows = sorted(curve, key=int)
+        lines += [f"Pass costs the adaptive policies read ({mode} kernels), ms per target pass of n rows:", "",
+                  "| rows | " + " | ".join(rows) + " |", "|---|" + "---:|" * len(rows),
+                  "| ms | " + " | ".join(f"{curve[r]:.1f}" for r in rows) + " |", ""]
+    lines += [("Ceiling = what a drafter whose every token is accepted would buy in decode time on that curve, at "
+               "its best k up to the method's maximum (with its measured c); reached = decode tok/s over its own "
+               "plain decoding's; share = reached / ceiling. Rows per token = verified rows per generated token "
+               "(llama-server's passes inferred as generated - accepted)."), "",
+              "| method | max k | ceiling (at k) | rows per token | decode speedup | share of ceiling | "
+              + " | ".join(f"{t} share" for t in tasks) + " |",
+              "|---|---:|---:|---:|---:|---:|" + "---:|" * len(tasks)]
+    for name, entry in ceiling["overall"].items():
+        per_task = [_pct((ceiling["per_task"].get(t, {}).get(name) or {}).get("share_of_ceiling")) for t in tasks]
+        ceiling_cell = f"{entry['ceiling']:.2f}x ({entry['ceiling_k']})" if "ceiling" in entry else "–"
+        speedup = f"{entry['decode_speedup']:.2f}x" if entry.get("decode_speedup") else "–"
+        rows = f"{entry['rows_per_token']:.2f}" if entry.get("rows_per_token") is not None else "–"
+        lines.append(f"| {name} | {entry.get('max_k', '–')} | {ceiling_cell} | {rows} | {speedup} | "
+                     f"{_pct(entry.get('share_of_ceiling'))} | " + " | ".join(per_task) + " |")
+    return lines + [""]
+
+
+__all__ = ["ceiling_markdown", "ceiling_summary", "rows_per_token"]
