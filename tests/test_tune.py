@@ -223,6 +223,13 @@ def test_a_configuration_that_never_drafted_is_plain_decoding_whatever_its_timin
     markdown = paths["markdown"].read_text()
     assert "do not speculate here" in markdown and "as drafter `none`" in markdown
     assert "timing noise" in above_bound_text(ranked[0]) and "Measured above its own bound" in markdown
+    assert "What a perfect drafter would buy here" not in markdown  # no measured curve, no ceiling section
+    lucky = dict(_row("lucky", 1.3, low=1.2, high=1.4), ceiling=2.5, ceiling_k=31, decode_speedup=1.71,
+                 share_of_ceiling=0.684, rows_per_token=1.12)
+    ranked, rec = rank([lucky], 1.03)
+    markdown = write_outputs(TuneResult(ranked, rec, info={"num_prompts": 5, "tasks": ["mine"], "repeats": 1}),
+                             tmp_path / "ceiling", base_ref=ModelRef(target="/t", draft=None), plot=False)
+    assert "| lucky | 2.50x (31) | 1.71x | 68% | 1.12 |" in markdown["markdown"].read_text()
 
 
 def test_options_drafts_and_methods():
@@ -235,6 +242,11 @@ def test_options_drafts_and_methods():
     options = TuneOptions(drafters="prompt_lookup,hybrid", k_policies="fixed,adaptive,heuristic", k_sweep=(2, 4))
     methods = methods_for(options.drafters, options)
     assert len(methods) == len({m.name for m in methods}) == 2 * 4
+    # The adaptive maximum, without --k-max, is what generate uses for each drafter.
+    adaptive = {m.spec.drafter: m.spec.num_speculative_tokens for m in methods if m.spec.k_policy == "adaptive"}
+    assert adaptive == {"prompt_lookup": 32, "hybrid": 5}
+    given = TuneOptions(drafters="prompt_lookup,hybrid", k_policies="adaptive", k_max=7)
+    assert {m.spec.num_speculative_tokens for m in methods_for(given.drafters, given)} == {7}
     assert [d.reference for d in parse_drafts("default,org/x", "default")] == ["default-draft", "org/x"]
     assert [d.label for d in parse_drafts(None, "default")] == ["default"]
     assert parse_drafts(None, "my/model") == []

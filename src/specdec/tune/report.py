@@ -119,6 +119,19 @@ def to_markdown(result: TuneResult, config_path: str | None = None) -> str:
     lines += ["", "## Ranked by what the paired runs show, then by paired speedup", "", ranked_table(result), ""]
     if result.rows and len(info.get("tasks") or []) > 1:
         lines += ["## Speedup per task", "", task_table(result), ""]
+    ceilings = [r for r in result.rows if r.get("ceiling") is not None]
+    if ceilings:
+        lines += ["## What a perfect drafter would buy here", "",
+                  ("On the target's measured pass costs, a drafter whose every token is accepted would speed decoding "
+                   "up by the ceiling (at its best k up to the configuration's maximum); reached = decode tok/s over "
+                   "plain decoding's (prefill excluded), share = reached / ceiling."), "",
+                  "| configuration | ceiling (at k) | reached | share | rows per token |", "|---|---:|---:|---:|---:|"]
+        for r in ceilings:
+            reached = f"{r['decode_speedup']:.2f}x" if r.get("decode_speedup") else "–"
+            share = f"{100 * r['share_of_ceiling']:.0f}%" if r.get("share_of_ceiling") is not None else "–"
+            rows = f"{r['rows_per_token']:.2f}" if r.get("rows_per_token") is not None else "–"
+            lines.append(f"| {r['candidate']} | {r['ceiling']:.2f}x ({r['ceiling_k']}) | {reached} | {share} | {rows} |")
+        lines.append("")
     positions = position_table(result)
     if positions:
         lines += ["## Acceptance by draft position", "", "P(position i accepted | a draft reached it).", "",

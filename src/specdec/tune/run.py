@@ -102,6 +102,11 @@ def rows_from_results(results: dict, draft: DraftCandidate | None, confidence: f
         out["speedup_per_task"] = {
             task: (summary["per_task"][task].get(name) or {}).get("speedup") for task in summary["tasks"]
         }
+        # What a perfect drafter would buy on this machine's measured pass costs, and the share of it reached
+        # (bench/ceiling.py); absent when the run had no measured curve.
+        ceiling = ((summary.get("ceiling") or {}).get("overall") or {}).get(name) or {}
+        for key in ("ceiling", "ceiling_k", "decode_speedup", "share_of_ceiling", "rows_per_token"):
+            out[key] = ceiling.get(key)
         rows.append(out)
     return rows
 
