@@ -105,10 +105,10 @@ class MethodOptions:
     k: int = 5  # heuristic start, prompt_lookup, hybrid, hf_prompt_lookup
     k_max: int | None = None  # adaptive's maximum; None: what generate uses (config.adaptive_max_k)
     on_cuda: bool = False  # where the target runs (adaptive_max_k depends on it)
+    draft_p_min: float = 0.0
 
     def adaptive_max_k(self, drafter: str) -> int:
         return self.k_max if self.k_max is not None else adaptive_max_k(drafter, self.on_cuda)
-    draft_p_min: float = 0.0
 
 
 def parse_k_list(text: str) -> tuple[int, ...]:

@@ -400,9 +400,8 @@ class BenchRunner:
             # The per-row-count pass costs the adaptive policies read in this run (calibration.py), in ms: the
             # report prints them and the ceiling a perfect drafter would reach on them.
             "pass_costs_ms": {
-                **({"default": _curve_ms(self.decoder.target)} if _curve_ms(self.decoder.target) else {}),
-                **({"exact": _curve_ms(self.exact.target)} if self.exact is not None and _curve_ms(self.exact.target)
-                   else {}),
+                mode: curve for mode, decoder in (("default", self.decoder), ("exact", self.exact))
+                if decoder is not None and (curve := _curve_ms(decoder.target))
             },
             "skipped_prompts": skipped_prompts,
             "runs": runs,
