@@ -15,7 +15,9 @@ from specdec.cli import main
 from specdec.config import ConfigError, SamplingParams, SpecConfig
 from specdec.pipeline import SpecDecoder
 
-OURS = ("plain", "adaptive", "prompt_lookup_adaptive", "hybrid_adaptive", "spec_k3")
+# prompt_lookup at a fixed k drafts at every match; its adaptive policy scores the copies first and, on this tiny
+# model's output, rightly never drafts, which would leave its identity check nothing to verify.
+OURS = ("plain", "adaptive", "prompt_lookup", "hybrid_adaptive", "spec_k3")
 
 
 # -- method names -----------------------------------------------------------------------------------------
@@ -166,7 +168,7 @@ def test_exact_methods_are_identical_to_exact_plain_where_the_fast_ones_flip_nea
         assert overall[name].get("identical_to_exact_plain") is None
     # ... where drafts were both accepted and rejected, so verification really decided something.
     assert 0 < overall["exact_spec_k3"]["acceptance_rate"] < 1
-    assert overall["exact_prompt_lookup_adaptive"]["num_draft_tokens"] > 0
+    assert overall["exact_prompt_lookup"]["num_draft_tokens"] > 0
     # Negative control: the same methods on the fast kernels of the same model part from plain at near-ties,
     # so the comparison above can see a difference when there is one.
     flips = results["summary"]["greedy_differences"]["near_tie_flips"]

@@ -30,6 +30,12 @@ on every token decoded since it last ran. When even perfect acceptance could not
 the measured costs, it does not explore at all. Decisions are a pure function of the updates it was fed:
 no random numbers and no clock of its own, so it is unit-testable with synthetic timings.
 
+Learning from plans (learns_from_plans, set by the engine for deterministic drafters such as the suffix trie
+and prompt lookup): acceptance evidence comes from plan_ledger.PlanLedger, which scores the draft the drafter
+would propose at the largest k against the tokens that really follow, at every step, through observe(). Such a
+policy never drafts to explore (acceptance is observed without drafting, costs come from the measured curve),
+starts with plain steps instead of prior_k, and update() keeps only the timings.
+
 Continuous batching (other_rows, other_tokens set per step by the scheduler): when other sequences
 share the target pass, rate(k) is the pass's: (other_tokens + E[tokens | k]) / c(other_rows + k + 1) on
 the measured curve, so a draft row is bought at its marginal cost in that pass only if it yields tokens
@@ -129,6 +135,11 @@ class AdaptiveK:
         # sequences' rows of the same count can cost more (measured: 15 ms a draft row beside 8 sequences where
         # the calibrated curve said 5). Measured counts override the curve in shared passes.
         self.shared_pass_costs: Mapping[int, Ewma] = {}
+        # Set by the engine when acceptance evidence arrives through observe() (plan_ledger) instead of update().
+        self.learns_from_plans = False
+        self.plan_decay = decay  # observe()'s fading per new observation
+        self.request_carry = 0.5  # how much acceptance evidence a new request keeps (begin_request)
+        self.doubt = 0.0  # pseudo-rejections per position: evidence must outweigh them before long drafts look sure
 
     # ----- learning -------------------------------------------------------------------------
 
@@ -150,6 +161,8 @@ class AdaptiveK:
         if num_proposed == 0:
             return  # a plain step (or an empty draft) says nothing about acceptance
         self._draft_cost.add(max(draft_seconds, 0.0) / num_proposed)
+        if self.learns_from_plans:
+            return  # the plan behind this draft is scored through observe(), every position it reached
         for i in range(num_proposed):
             self._reached[i] *= self.decay
             self._accepted[i] *= self.decay
@@ -158,6 +171,13 @@ class AdaptiveK:
             self._accepted[i] += 1.0
         if num_accepted < num_proposed:
             self._reached[num_accepted] += 1.0  # the first rejection; later positions were never looked at
+
+    def observe(self, position: int, accepted: bool) -> None:
+        """One scored plan position (plan_ledger): position reached, and accepted or not. Like update(), a
+        position's old evidence fades by `decay` each time new evidence arrives for it."""
+        if 0 <= position < self.max_k:
+            self._reached[position] = self._reached[position] * self.plan_decay + 1.0
+            self._accepted[position] = self._accepted[position] * self.plan_decay + (1.0 if accepted else 0.0)
 
     # ----- estimates ----------------------------------------------------------------------------
 
@@ -178,7 +198,7 @@ class AdaptiveK:
         rates: list[float] = []
         anchor = self.acceptance_rate
         for acc, reached in zip(self._accepted, self._reached):
-            anchor = (acc + self.shrink * anchor) / (reached + self.shrink)
+            anchor = (acc + self.shrink * anchor) / (reached + self.shrink + self.doubt)
             rates.append(anchor)
         return rates
 
@@ -270,7 +290,11 @@ class AdaptiveK:
     def next_k(self) -> int:
         self._decisions += 1
         curve_priced = self.other_rows > 0 and bool(self.pass_costs)  # shared passes: rows priced on the curve
-        if not curve_priced and (not self._verify or self._draft_cost.count == 0):
+        if self.learns_from_plans:
+            # Acceptance arrives from plans whatever k is, so nothing is drafted to explore: plain steps until a
+            # plain step's cost is measured (or the curve prices this pass), then the best k.
+            k = self.best_k() if curve_priced or 1 in self._verify else 0
+        elif not curve_priced and (not self._verify or self._draft_cost.count == 0):
             k = self.prior_k  # nothing measured yet (in a shared pass the curve prices rows from the start)
         elif 1 not in self._verify and not curve_priced:
             # One plain step, once: its cost is what every draft must beat, and sizes below the smallest
@@ -293,10 +317,11 @@ class AdaptiveK:
         self.history.append(k)
         return k
 
-    def begin_request(self, carry: float = 0.5) -> None:
+    def begin_request(self, carry: float | None = None) -> None:
         """A new request: its content decides acceptance (a code edit copies, a poem does not), so the evidence
         from earlier requests counts `carry` as much, and the exploration backoff restarts, so a copy-heavy
         request after many where drafting did not pay is found within it. Costs stay: they are the hardware's."""
+        carry = self.request_carry if carry is None else carry
         self._reached = [r * carry for r in self._reached]
         self._accepted = [a * carry for a in self._accepted]
         self._explore_wait = self.explore_every

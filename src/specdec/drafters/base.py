@@ -35,6 +35,11 @@ class Drafter(Protocol):
     their acceptance and cost differ. None means nothing to propose: the engine takes a plain step.
     Without the method, the drafter is one source named after itself.
 
+    Optionally, a deterministic drafter (its draft a function of the context alone) has
+    `plan(context) -> list[int]`: the draft propose() would return at the largest k. The engine scores each
+    step's plan against the tokens that follow (plan_ledger.py), so its k policy learns acceptance without
+    drafting to explore. A stochastic drafter (a draft model sampling q) must not have it.
+
     A drafter with a cache of its own (a draft model) may keep it across requests: `begin` then keeps
     the part it shares with the new prompt (the longest common prefix, at most prompt[:-1]) instead of
     starting empty, and `end` leaves it holding what it holds, which the drafter records. Such a drafter

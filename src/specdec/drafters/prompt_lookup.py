@@ -123,6 +123,12 @@ class PromptLookupDrafter:
         _, n = self.index.match(1)
         return f"ngram{n}" if n else None
 
+    def plan(self, context: Sequence[int]) -> list[int]:
+        """The draft propose() would copy at the largest k (the engine scores it against what follows)."""
+        self.index.sync(context)
+        tokens, _ = self.index.match(self.spec.num_speculative_tokens)
+        return tokens
+
     def propose(self, context: Sequence[int], k: int) -> Draft:
         began = time.perf_counter()
         tokens = self.lookup(context, k)

@@ -339,6 +339,15 @@ class SuffixDrafter:
         band = "1-2" if m <= 2 else ("3-7" if m <= 7 else "8+")
         return f"suffix-{where}-{band}"
 
+    def plan(self, context: Sequence[int]) -> list[int]:
+        """The draft propose() would give at the largest k (next_source has just planned it for this context); the
+        engine scores it against the tokens that follow, so acceptance is learnt on every step (plan_ledger)."""
+        planned = self._planned
+        if planned is not None and planned[0] == len(context):
+            return list(planned[1].tokens)
+        draft, _ = self._plan(context, self.spec.num_speculative_tokens)
+        return list(draft.tokens)
+
     def propose(self, context: Sequence[int], k: int) -> Draft:
         began = time.perf_counter()
         planned, self._planned = self._planned, None
