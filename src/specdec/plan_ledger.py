@@ -65,8 +65,5 @@ class PlanLedger:
                 still.append(entry)
         self._pending = still
 
-    def clear(self) -> None:
-        self._pending.clear()
-
 
 __all__ = ["AcceptanceLearner", "PlanLedger"]

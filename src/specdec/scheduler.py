@@ -24,18 +24,6 @@ from .sampling import greedy_tokens, make_generator, probabilities
 from .textstream import TextStream
 from .verify import verify_greedy, verify_sampled
 
-# Plan-scored acceptance (plan_ledger.py). Evidence arrives at every step, drafted or not, so it can fade slower
-# than a drafted step's (0.95: the last ~20 plans) and outlive the request (a new request used to halve it so
-# that drafting would be retried; a plan learner never needs to retry). A quarter of a pseudo-rejection per
-# position keeps a few copies in chat from buying a long verification, where a 32-row pass costs 13 one-row
-# passes. Measured in-engine on the default pair, 2 threads, 18 chat and 6 code prompts, the drafting steps
-# priced on the calibrated curve: net decode time saved on chat -1.6 s before (drafting to explore), -0.85 s
-# with plans at the drafted-step settings (0.85, 0, halved per request), -0.03 s with these; on code +10.8,
-# +10.4, +10.2 s (doubt 1: chat +0.2, code +7.4-8.9).
-PLAN_DECAY = 0.95
-PLAN_DOUBT = 0.25
-PLAN_CARRY = 1.0
-
 # Prompt tokens one step may prefill, in prefill chunks (512-token chunks: 2048, llama-server's n_batch).
 DEFAULT_PREFILL_CHUNKS = 4
 
@@ -444,12 +432,10 @@ class BatchEngine:
             return None, 0
         policy = self._policy(sequence, source)
         plan = getattr(drafter, "plan", None)
-        if plan is not None and hasattr(policy, "observe"):
+        if plan is not None and hasattr(policy, "learn_from_plans"):
             # The drafter's plan is a function of the context, so the tokens that follow score it whatever k is
             # chosen: the policy learns acceptance from every step and never drafts just to find it out.
-            if not policy.learns_from_plans:
-                policy.learns_from_plans = True
-                policy.plan_decay, policy.doubt, policy.request_carry = PLAN_DECAY, PLAN_DOUBT, PLAN_CARRY
+            policy.learn_from_plans()
             sequence.plans.add(len(context), plan(context), policy)
         if hasattr(policy, "other_rows"):
             policy.other_rows, policy.other_tokens = other_rows, float(other_sequences)

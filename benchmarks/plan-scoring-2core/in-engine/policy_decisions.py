@@ -27,7 +27,7 @@ SPECS = {
     "suffix": SpecConfig(drafter="suffix", k_policy="adaptive", num_speculative_tokens=K),
 }
 import os
-import specdec.scheduler as _sch
+import specdec.adaptive as _sch  # the PLAN_* settings (in specdec.scheduler when these logs were made)
 VARIANT_KNOBS = json.loads(os.environ.get("KNOBS", "{}"))  # variant -> [decay, doubt]
 extra = os.environ.get("EXTRA_SPECS")
 if extra:

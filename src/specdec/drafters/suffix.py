@@ -344,9 +344,9 @@ class SuffixDrafter:
         engine scores it against the tokens that follow, so acceptance is learnt on every step (plan_ledger)."""
         planned = self._planned
         if planned is not None and planned[0] == len(context):
-            return list(planned[1].tokens)
+            return planned[1].tokens  # read only: the ledger keeps a copy
         draft, _ = self._plan(context, self.spec.num_speculative_tokens)
-        return list(draft.tokens)
+        return draft.tokens
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         began = time.perf_counter()
