@@ -142,7 +142,7 @@ def test_plain_engine_equals_transformers_generate(family):
         result = engine.generate(prompt, GREEDY)
         assert result.tokens == family.reference(prompt), prompt
         assert result.stats.num_draft_tokens == 0 and result.stats.mean_acceptance_length == 1.0
-        assert result.stats.num_target_forwards == len(result.tokens)
+        assert result.stats.num_target_forwards == len(result.tokens) - 1  # the first token: the prefill's pass
         assert result.from_draft == [False] * len(result.tokens)
 
 
@@ -170,9 +170,11 @@ def test_same_model_as_draft_accepts_everything(llama, k):
     result = engine.generate(PROMPTS[0], params)
     assert result.tokens == llama.reference(PROMPTS[0])
     assert result.stats.acceptance_rate == 1.0
-    # every step emits k drafted tokens plus the bonus
-    assert result.stats.num_target_forwards == -(-NEW_TOKENS // (k + 1))
-    assert result.stats.mean_acceptance_length == k + 1  # NEW_TOKENS is a multiple of k + 1
+    # The prefill's pass gives the first token; then every step emits k drafted tokens plus the bonus (the last
+    # step's draft is cut to what max_tokens leaves).
+    steps = -(-(NEW_TOKENS - 1) // (k + 1))
+    assert result.stats.num_target_forwards == steps
+    assert result.stats.num_accepted_tokens == NEW_TOKENS - 1 - steps
 
 
 def test_context_limit_clips_the_draft(qwen):
@@ -198,8 +200,10 @@ def test_eos_inside_a_draft_stops_right_after_it(llama, draft_kind):
     prompt, k = PROMPTS[2], 3
     reference = llama.reference(prompt)
     positions = _first_occurrences(reference, 8)
-    # with a self draft and k=3, positions 0,1,2 are drafted tokens and 3 is the bonus: cover both
-    assert any(j % (k + 1) != k for j in positions) and any(j % (k + 1) == k for j in positions)
+    # the prefill gives token 0; then with a self draft and k=3, positions 1,2,3 are drafted tokens and 4 is the
+    # bonus: cover both
+    assert any(j > 0 and (j - 1) % (k + 1) != k for j in positions)
+    assert any(j > 0 and (j - 1) % (k + 1) == k for j in positions)
     for j in positions:
         eos = reference[j]
         target, draft = llama.backends()
@@ -216,7 +220,7 @@ def test_eos_inside_a_draft_stops_right_after_it(llama, draft_kind):
         flags = [f for c in chunks for f in c.from_draft]
         assert len(flags) == len(tokens)
         if draft_kind == "self":
-            assert flags == [i % (k + 1) != k for i in range(j + 1)]
+            assert flags == [False] + [i % (k + 1) != k for i in range(j)]
         # Like vLLM, statistics describe the verifier: draft tokens it accepted after the EOS still count.
         assert sum(flags) <= engine.last_stats.num_accepted_tokens
         assert engine.last_stats.num_generated_tokens == j + 1
@@ -262,9 +266,10 @@ def letters(ids: Sequence[int]) -> str:
 def test_stop_string_across_a_chunk_boundary_is_never_shown(llama, draft_kind):
     prompt, k = PROMPTS[2], 3
     full = letters(llama.reference(prompt))
-    # With a self draft each chunk is 4 tokens = 8 characters. Start the stop string at character 7
-    # (the second half of the last token of chunk 1) so it spans the boundary into chunk 2.
-    start = 7
+    # The first chunk is the prefill's token (2 characters); then with a self draft each chunk is 4 tokens = 8
+    # characters. Start the stop string at character 9 (the second half of the last token of chunk 1) so it
+    # spans the boundary into chunk 2.
+    start = 9
     stop = full[start : start + 4]
     assert full.find(stop) == start, "pick another start: the stop string occurs earlier"
     target, draft = llama.backends()
@@ -281,7 +286,7 @@ def test_stop_string_across_a_chunk_boundary_is_never_shown(llama, draft_kind):
     assert shown == full[:start]
     assert chunks[-1].finish_reason == "stop"
     if draft_kind == "self":
-        assert chunks[0].text == full[:start]  # the first half of the stop string was held back
+        assert chunks[0].text + chunks[1].text == full[:start]  # the first half of the stop string was held back
     result = engine.generate(prompt, SamplingParams(max_tokens=NEW_TOKENS, stop=(stop,)))
     assert result.text == full[:start] and result.finish_reason == "stop"
     assert_cache_keeps(engine, prompt, result.tokens)  # the tokens end at the stop: so does the cache
@@ -390,11 +395,12 @@ def test_from_draft_flags_agree_with_stats(qwen, temperature):
         chunks = collect(engine, prompt, params)
         stats = engine.last_stats
         flags = [f for c in chunks for f in c.from_draft]
+        assert chunks[0].from_draft == [False]  # the prefill's pass gives the first token
         for c in chunks:  # each step: some accepted draft tokens, then one target token
             assert len(c.from_draft) == len(c.tokens)
             assert c.from_draft == [True] * (len(c.tokens) - 1) + [False]
         assert sum(flags) == stats.num_accepted_tokens
-        assert flags.count(False) == stats.num_target_forwards == len(chunks)
+        assert flags.count(False) == stats.num_target_forwards + 1 == len(chunks)
         assert len(flags) == stats.num_generated_tokens == NEW_TOKENS
         assert sum(stats.num_accepted_tokens_per_pos) == stats.num_accepted_tokens
         assert stats.num_drafts_per_pos[0] == stats.num_drafts

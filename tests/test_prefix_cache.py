@@ -150,8 +150,8 @@ def check_reuse(drafter: str, params: SamplingParams) -> list[str]:
             problems.append(f"request {i}: target forwarded {target.forward_tokens} tokens, cold "
                             f"{cold_target.forward_tokens} - kept {cached}")
         first_call = target.calls[0] if target.calls else []
-        if len(prompt) - 1 > cached and first_call != prompt[cached:-1]:
-            problems.append(f"request {i}: prefill {first_call} != the new suffix {prompt[cached:-1]}")
+        if first_call != prompt[cached:]:
+            problems.append(f"request {i}: prefill {first_call} != the new suffix {prompt[cached:]}")
         model = draft_model_of(warm)
         if getattr(model, "retained", None) is not None:
             kept = model.num_cached_prompt_tokens
@@ -180,16 +180,16 @@ def test_a_continued_chat_prefills_only_what_follows_the_kept_tokens():
     engine = make_engine(target, draft, "none")
     prompt = SYSTEM + [20, 21, 22]
     first = engine.generate(prompt, GREEDY)
-    assert first.stats.num_cached_prompt_tokens == 0 and target.calls[0] == prompt[:-1]
+    assert first.stats.num_cached_prompt_tokens == 0 and target.calls[0] == prompt
     target.calls.clear()
     follow_up = prompt + first.tokens + [23, 24, 25]
     second = engine.generate(follow_up, GREEDY)
     # The cache held prompt + first.tokens[:-1]: the prefill is the last generated token and the new
-    # text minus its last token (fed by the first decode step), nothing else.
+    # text (its last row's logits give the first token), nothing else.
     assert second.stats.num_cached_prompt_tokens == len(prompt) + len(first.tokens) - 1
-    assert target.calls[0] == [first.tokens[-1], 23, 24]
-    assert target.calls[1] == [25]
-    assert target.forward_tokens == 3 + len(second.tokens)  # prefill, then one token per plain step
+    assert target.calls[0] == [first.tokens[-1], 23, 24, 25]
+    assert target.calls[1] == [second.tokens[0]]
+    assert target.forward_tokens == 4 + len(second.tokens) - 1  # prefill, then one token per plain step
     assert second.stats.num_prompt_tokens == len(follow_up)
     assert engine.total_stats.num_cached_prompt_tokens == second.stats.num_cached_prompt_tokens
 
@@ -200,7 +200,7 @@ def test_the_draft_model_keeps_its_own_prefix():
     prompt = SYSTEM + [20, 21, 22]
     first = engine.generate(prompt, GREEDY)
     model = engine.drafter
-    assert model.num_cached_prompt_tokens == 0 and draft.calls[0] == prompt[:-1]  # cold: the prompt's catch-up
+    assert model.num_cached_prompt_tokens == 0 and draft.calls[0] == prompt  # cold: the prompt's catch-up
     # What the draft cache holds is recorded exactly (the prompt, accepted tokens, unverified draft tail).
     assert model.cache.tokens == model.retained.tokens
     assert model.retained.tokens[: len(prompt)] == prompt
@@ -220,7 +220,7 @@ def test_the_draft_model_keeps_its_own_prefix():
     assert cold.drafter.cache.length == 0 and cold.drafter.prefix_cache is False
     draft.calls.clear()
     cold.generate(follow_up, GREEDY)
-    assert cold.drafter.num_cached_prompt_tokens == 0 and draft.calls[0] == follow_up[:-1]
+    assert cold.drafter.num_cached_prompt_tokens == 0 and draft.calls[0] == follow_up
 
 
 def test_hybrid_passes_the_switch_to_its_draft_model():
@@ -316,7 +316,7 @@ def test_calibration_and_outside_writes_are_not_trusted():
     engine.cache.trim(3)  # someone else rolled the cache back: the record no longer matches
     target.calls.clear()
     result = engine.generate(SYSTEM, GREEDY)
-    assert result.stats.num_cached_prompt_tokens == 0 and target.calls[0] == SYSTEM[:-1]
+    assert result.stats.num_cached_prompt_tokens == 0 and target.calls[0] == SYSTEM
     engine.calibrate(sizes=[1, 2])
     assert engine.cache.length == 0 and engine.retained.tokens == []
     assert engine.generate(SYSTEM, GREEDY).stats.num_cached_prompt_tokens == 0
@@ -402,7 +402,7 @@ def test_negative_control_a_batch_invariant_target_never_reuses():
     assert engine.cache.length == 0
     target.calls.clear()
     result = engine.generate(SYSTEM + [3], GREEDY)
-    assert result.stats.num_cached_prompt_tokens == 0 and target.calls[0] == SYSTEM  # the whole prompt[:-1]
+    assert result.stats.num_cached_prompt_tokens == 0 and target.calls[0] == SYSTEM + [3]  # the whole prompt
     assert engine.drafter.num_cached_prompt_tokens > 0  # the draft model still reuses: its tokens are verified
     target.batch_invariant = False  # the control: the same backend without the flag does reuse
     engine.generate(SYSTEM, GREEDY)
@@ -442,10 +442,10 @@ def test_torch_greedy_outputs_equal_cold_runs(target_model, draft_model, drafter
 
     conversation(run)
     assert kept[1] > len(SYSTEM) and kept[4] == len(SYSTEM) + 1 and kept[5] == 11 and kept[6] == kept[7] == 0
-    # The target forwarded each prompt minus its kept prefix (and its last token, which the first step
-    # feeds), then one token per step plus the draft tokens it verified.
+    # The target forwarded each prompt minus its kept prefix (the prefill's last row gives the first token),
+    # then one token per step plus the draft tokens it verified.
     stats = warm.total_stats
-    prefill = sum(len(p) - 1 - k for p, k in zip(prompts, kept))
+    prefill = sum(len(p) - k for p, k in zip(prompts, kept))
     assert counted["target"] == prefill + stats.num_target_forwards + stats.num_draft_tokens
     assert stats.num_cached_prompt_tokens == sum(kept)
 
@@ -504,7 +504,7 @@ def test_llama_cpp_exact_target_prefills_the_whole_prompt_every_time(gguf):
     calls.clear()
     second = engine.generate(follow_up, LLAMA_GREEDY)
     assert second.stats.num_cached_prompt_tokens == 0
-    assert calls[0] == follow_up[:-1]  # the full prompt, as a cold run prefills it
+    assert calls[0] == follow_up  # the full prompt, as a cold run prefills it
     assert engine.cache.length == 0
     assert engine.drafter.num_cached_prompt_tokens > 0  # the draft model reuses: its tokens are verified
     # ... and the output is bit-for-bit plain decoding from a cold cache
@@ -521,7 +521,7 @@ def test_llama_cpp_fast_target_reuses(gguf):
     calls.clear()
     second = engine.generate(follow_up, LLAMA_GREEDY)
     assert second.stats.num_cached_prompt_tokens == len(LLAMA_PROMPT) + len(first.tokens) - 1
-    assert calls[0] == [first.tokens[-1], 40, 41]
+    assert calls[0] == [first.tokens[-1], 40, 41, 42]
     assert_cache_keeps(engine, follow_up, second.tokens)
 
 

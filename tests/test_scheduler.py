@@ -156,9 +156,14 @@ def test_prefill_is_chunked_and_running_streams_keep_going():
     second_tokens = []
     while second.prefilling:
         outputs = batch.step()
-        assert [o.sequence for o in outputs] == [first]  # the running stream emitted; the newcomer did not yet
+        emitted = {id(o.sequence) for o in outputs}
+        assert id(first) in emitted  # the running stream emitted at every step
+        # The newcomer emits its first token from the pass of its last chunk, not before.
+        assert (id(second) in emitted) == (not second.prefilling)
+        second_tokens += [t for o in outputs if o.sequence is second for t in o.tokens]
         steps_while_prefilling += 1
-    assert steps_while_prefilling == -(-99 // 16)  # 99 prompt tokens before the last, 16 per step
+    assert steps_while_prefilling == -(-100 // 16)  # 100 prompt tokens, 16 per step
+    assert len(second_tokens) == 1
     while not second.finished:
         second_tokens += [t for o in batch.step() if o.sequence is second for t in o.tokens]
     assert second_tokens == plain_engine(target).generate(long_prompt, SamplingParams(max_tokens=5,
@@ -166,12 +171,12 @@ def test_prefill_is_chunked_and_running_streams_keep_going():
     assert not first.finished
 
 
-def test_a_burst_of_prompts_prefills_together_up_to_the_budget_one_chunk_each(monkeypatch):
-    """Several waiting prompts share one pass up to prefill_budget tokens, one whole chunk per sequence, oldest
-    first; a chunk that does not fit waits for the next step; every output is still what it gets alone."""
+def test_a_burst_of_prompts_prefills_shortest_first_one_prompt_per_pass(monkeypatch):
+    """Waiting prompts are prefilled one per pass, the one with the fewest tokens left first (a prompt passed over
+    ages by the rows prefilled for others), in whole chunks; each prompt's last chunk gives its first token in that
+    pass, and every output is still what it gets alone."""
     target = PrefixLM(vocab=12, seed=11, max_context=512)
-    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=4, prefill_chunk=16,
-                        prefill_budget=40)
+    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=4, prefill_chunk=16)
     prompts = [[(i * (3 + n)) % 12 for i in range(length)] for n, length in enumerate((30, 12, 20, 9))]
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     sequences = [batch.add(p, params) for p in prompts]
@@ -179,21 +184,47 @@ def test_a_burst_of_prompts_prefills_together_up_to_the_budget_one_chunk_each(mo
     real = scheduler.forward_batch
 
     def spy(backend, rows):
-        passes.append([len(r.tokens) for r in rows if r.num_logits == 0])
+        passes.append([(len(r.tokens), r.num_logits) for r in rows if len(r.tokens) > 1 or r.num_logits == 0])
         return real(backend, rows)
 
     monkeypatch.setattr(scheduler, "forward_batch", spy)
     got = {id(s): [] for s in sequences}
+    first_token_order = []
     while batch.running:
         for output in batch.step():
+            if not got[id(output.sequence)]:
+                first_token_order.append(sequences.index(output.sequence))
             got[id(output.sequence)] += output.tokens
-    # 29, 11, 19, 8 prompt tokens to prefill (the last one is fed by the first decode step): chunks of 16 at
-    # most, 40 tokens per pass at most, oldest first, whole chunks only.
-    assert passes[0] == [16, 11]  # 16 + 11 = 27; the third's chunk of 16 would make 43 > 40: it waits
-    assert passes[1] == [13, 16, 8]  # the first's last 13, the third's first 16, the fourth's 8
-    assert passes[2] == [3]
+    # 9 first (the others age by 9), then 12, then 20 in its two chunks (aged below 30's remaining), then 30.
+    assert passes[:6] == [[(9, 1)], [(12, 1)], [(16, 0)], [(4, 1)], [(16, 0)], [(14, 1)]]
+    assert first_token_order == [3, 1, 2, 0]
     for sequence, prompt in zip(sequences, prompts):
         assert got[id(sequence)] == plain_engine(target).generate(prompt, params).tokens
+
+
+def test_a_long_prompt_is_not_starved_by_short_arrivals():
+    """Short prompts keep arriving while a long one waits: shortest-first alone would never serve it; aging serves
+    it once the rows prefilled for others reach its own length, and it finishes while the short ones still come."""
+    target = PrefixLM(vocab=12, seed=13, max_context=512)
+    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=2, prefill_chunk=16)
+    long_prompt = [(i * 5) % 12 for i in range(40)]
+    long = batch.add(long_prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+    short_rows = 0
+    steps = 0
+    long_began_after = None
+    while not long.finished:
+        if batch.has_room:
+            batch.add([1, 2, 3, 4, 5], SamplingParams(max_tokens=1, ignore_eos=True))  # ends at its first token
+        before = long.prefilled
+        prefilled_short = sum(len(s.prompt) - s.prefilled for s in batch.running if s is not long and s.prefilling)
+        batch.step()
+        steps += 1
+        if long.prefilled > before and long_began_after is None:
+            long_began_after = short_rows
+        if long.prefilled == before:
+            short_rows += prefilled_short
+        assert steps < 100
+    assert long_began_after is not None and long_began_after <= len(long_prompt)
 
 
 def test_abort_frees_the_slot_at_the_step_boundary_and_keeps_the_cache_consistent():
@@ -231,7 +262,9 @@ def test_a_failing_drafter_ends_only_its_sequence():
 
     bad.slot.drafter.propose = broken
     bad.slot.drafter.next_source = lambda context: "x"
-    errors = [o for o in batch.step() if o.error is not None]  # the prefill step: nothing drafted yet
+    errors = []
+    while bad.prefilling:  # the prefill steps: nothing drafted for it yet
+        errors += [o for o in batch.step() if o.error is not None]
     errors += [o for o in batch.step() if o.error is not None]
     assert [o.sequence for o in errors] == [bad] and bad.finish_reason == "error"
     assert str(errors[0].error) == "drafter broke"
@@ -288,7 +321,7 @@ def test_the_engine_records_decode_only_shared_passes_by_row_count():
     target = PrefixLM(vocab=12, seed=12, max_context=256)
     batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=2, prefill_chunk=4)
     batch.add([1, 2, 3, 4, 5, 6, 7, 8, 9], SamplingParams(max_tokens=6, ignore_eos=True))
-    batch.add([3, 1], SamplingParams(max_tokens=6, ignore_eos=True))
+    batch.add([3, 1], SamplingParams(max_tokens=10, ignore_eos=True))
     while batch.running:
         batch.step()
     assert set(batch.shared_pass_costs) == {2}  # one row each for two decoding sequences; prefill passes left out

@@ -442,8 +442,8 @@ def _mark_identical(batch: list[dict], tokens: dict[str, list[int]], greedy: boo
 def _prefill_tokens(method: Method, prompt_ids: Sequence[int], outcome: _Outcome) -> int | None:
     """The prompt tokens that went through the timed prefill (None when the method times no prefill).
 
-    Our engine prefills all but the last prompt token (that one enters the first decoding pass), less any
-    prefix its cache kept from the previous request; llama-server says how many it evaluated
+    Our engine prefills the prompt (its last row's logits give the first token), less any prefix its cache kept
+    from the previous request; llama-server says how many it evaluated
     (timings.prompt_n); transformers' generate has no separate prefill time.
     """
     if outcome.stats.prefill_seconds <= 0:
@@ -452,7 +452,7 @@ def _prefill_tokens(method: Method, prompt_ids: Sequence[int], outcome: _Outcome
         evaluated = (outcome.settings.get("timings") or {}).get("prompt_n")
         return int(evaluated) if isinstance(evaluated, (int, float)) else len(prompt_ids)
     cached = int(getattr(outcome.stats, "num_cached_prompt_tokens", 0) or 0)
-    return max(len(prompt_ids) - 1 - cached, 0)
+    return max(len(prompt_ids) - cached, 0)
 
 
 def _progress_line(done: int, total: int, prompt: BenchPrompt, batch: list[dict], fast: bool = False) -> str:
