@@ -39,7 +39,9 @@ firsts, ends = {}, {}
 began = time.perf_counter()
 ready = concurrency  # clients whose next request has arrived
 queue = []
-tokens = 0
+tokens = steps = rows = 0
+target = decoder.target
+forward_before = target.forward_seconds
 while waiting or queue or batch.running:
     now = time.perf_counter()
     while ready and waiting:
@@ -51,6 +53,8 @@ while waiting or queue or batch.running:
         index, prompt = queue.pop(0)
         batch.add(prompt, params, tag=index)
     outputs = batch.step()
+    steps += 1
+    rows += batch.last_pass_rows
     now = time.perf_counter()
     for output in outputs:
         index = output.sequence.tag
@@ -67,3 +71,5 @@ print(f"C={concurrency} drafter {drafter} max_tokens {max_tokens}: {len(arrivals
       f"wall {wall:.1f} s, {tokens / wall:.2f} tok/s; TTFT p50 {percentile(ttft, 0.5):.2f} p90 "
       f"{percentile(ttft, 0.9):.2f} mean {statistics.mean(ttft):.2f} s; e2e p50 {percentile(e2e, 0.5):.1f} "
       f"p90 {percentile(e2e, 0.9):.1f} s")
+print(f"steps {steps}, rows {rows}, in target passes {target.forward_seconds - forward_before:.1f} s, "
+      f"drafted {batch.total_stats.num_draft_tokens}, accepted {batch.total_stats.num_accepted_tokens}")
