@@ -25,7 +25,6 @@ from .textstream import TextStream
 from .verify import verify_greedy, verify_sampled
 
 
-
 @dataclass
 class StepOutput:
     """What one step gave one sequence: tokens, whether each came from the draft, the safe text delta, and why it
