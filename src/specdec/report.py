@@ -241,7 +241,7 @@ def format_generation_report(report: dict) -> str:
             f"mean accept. length  {stats['mean_acceptance_length']:.2f}  (tokens per pass that verified a draft, "
             "incl. bonus)",
             f"tokens per pass      {stats['num_generated_tokens'] / max(stats.get('num_target_forwards', 0), 1):.2f}"
-            "  (every target pass, plain steps included)",
+            "  (every decoding pass, plain steps included; the first token is the prefill's)",
             f"per-position accept  {', '.join(f'{x:.2f}' for x in stats['acceptance_rate_per_pos'])}",
         ]
     else:

@@ -21,12 +21,17 @@ def _curve(results: dict, exact: bool) -> dict[int, float] | None:
 
 
 def rows_per_token(row: dict) -> float | None:
-    """Verified rows per generated token: drafted tokens plus one row per decoding pass (passes: our engine's
-    count; a peer's, which it does not report, as generated - accepted, each pass emitting accepted + 1)."""
+    """Verified rows per generated token: drafted tokens plus one row per pass that emitted tokens (passes: our
+    engine's decoding passes plus each run's prefill pass, whose last row gives the first token; a peer's,
+    which it does not report, as generated - accepted, each pass emitting accepted + 1, the prefill's too)."""
     tokens = row.get("generated_tokens") or 0
     if not tokens:
         return None
-    passes = row.get("num_target_forwards") or (tokens - (row.get("num_accepted_tokens") or 0))
+    forwards = row.get("num_target_forwards")
+    if forwards:
+        passes = forwards + (row.get("runs") or 0)
+    else:
+        passes = tokens - (row.get("num_accepted_tokens") or 0)
     return round(((row.get("num_draft_tokens") or 0) + passes) / tokens, 4)
 
 
