@@ -22,7 +22,7 @@ from .plan_ledger import PlanLedger
 from .policy import make_policy
 from .sampling import greedy_tokens, make_generator, probabilities
 from .textstream import TextStream
-from .verify import verify_greedy, verify_sampled
+from .verify import Verdict, verify_greedy, verify_sampled
 
 
 @dataclass
@@ -473,20 +473,10 @@ class BatchEngine:
         return [sequence.slot.drafter.propose(sequence.context, k) if k > 0 else Draft([])]
 
     def _finish_decode(self, plan: _Plan, logits: torch.Tensor, target_seconds: float, shared: bool) -> StepOutput:
-        sequence, proposed, draft, params = plan.sequence, plan.proposed, plan.draft, plan.sequence.params
+        sequence, proposed, draft = plan.sequence, plan.proposed, plan.draft
         stats = sequence.stats
-        if params.greedy:
-            choices = greedy_tokens(logits).tolist()
-            # A sliced verification may have stopped early: then its last row holds the first disagreement.
-            verdict = verify_greedy(proposed[: len(choices) - 1], choices)
-        else:
-            target_probs = probabilities(logits, params)
-            draft_probs = draft.probs[: len(proposed)] if draft.probs is not None else None
-            if draft_probs is not None and draft_probs.shape[-1] < target_probs.shape[-1]:
-                # A draft may score fewer ids than the target (a pruned head over an embedding table that still
-                # reads every target id); it never proposes the ids it lacks: q = 0 there.
-                draft_probs = torch.nn.functional.pad(draft_probs, (0, target_probs.shape[-1] - draft_probs.shape[-1]))
-            verdict = verify_sampled(proposed, draft_probs, target_probs, sequence.generator)
+        draft_probs = draft.probs[: len(proposed)] if draft.probs is not None else None
+        verdict = self._verdict(sequence, proposed, draft_probs, logits)
         stats.target_seconds += target_seconds
         drafter = sequence.slot.drafter
         if drafter is not None and proposed:
@@ -500,15 +490,26 @@ class BatchEngine:
         return self._emit(sequence, proposed[: verdict.num_accepted] + [verdict.next_token],
                           [True] * verdict.num_accepted + [False])
 
-    def _first_token(self, sequence: RunningSequence, logits: torch.Tensor) -> StepOutput:
-        """The token the prompt's last row gives: sampled from the target alone (no draft to verify), as in plain
-        decoding; the pass was the prefill's, so it is not counted as a decoding step."""
+    @staticmethod
+    def _verdict(sequence: RunningSequence, proposed: list[int], draft_probs: torch.Tensor | None,
+                 logits: torch.Tensor) -> Verdict:
+        """The verification rule for one sequence's logits rows: greedy match, or rejection sampling."""
         params = sequence.params
         if params.greedy:
-            token = int(greedy_tokens(logits)[-1])
-        else:
-            token = verify_sampled([], None, probabilities(logits[-1:], params), sequence.generator).next_token
-        return self._emit(sequence, [token], [False])
+            choices = greedy_tokens(logits).tolist()
+            # A sliced verification may have stopped early: then its last row holds the first disagreement.
+            return verify_greedy(proposed[: len(choices) - 1], choices)
+        target_probs = probabilities(logits, params)
+        if draft_probs is not None and draft_probs.shape[-1] < target_probs.shape[-1]:
+            # A draft may score fewer ids than the target (a pruned head over an embedding table that still
+            # reads every target id); it never proposes the ids it lacks: q = 0 there.
+            draft_probs = torch.nn.functional.pad(draft_probs, (0, target_probs.shape[-1] - draft_probs.shape[-1]))
+        return verify_sampled(proposed, draft_probs, target_probs, sequence.generator)
+
+    def _first_token(self, sequence: RunningSequence, logits: torch.Tensor) -> StepOutput:
+        """The token the prompt's last row gives: the verification rule with nothing drafted, as in plain decoding;
+        the pass was the prefill's, so it is not counted as a decoding step."""
+        return self._emit(sequence, [self._verdict(sequence, [], None, logits).next_token], [False])
 
     def _emit(self, sequence: RunningSequence, new_tokens: list[int], new_from_draft: list[bool]) -> StepOutput:
         """Append a step's tokens to the sequence, cut at EOS, a stop string or max_tokens; trim the cache to the
