@@ -41,6 +41,16 @@ ready = concurrency  # clients whose next request has arrived
 queue = []
 tokens = steps = rows = 0
 target = decoder.target
+decode_passes = {}  # rows -> seconds of every decode-only pass of several sequences with that many rows
+record = batch._record_shared_pass
+
+
+def record_and_keep(rows_in_pass, seconds, *args):
+    decode_passes.setdefault(rows_in_pass, []).append(seconds)
+    record(rows_in_pass, seconds, *args)
+
+
+batch._record_shared_pass = record_and_keep
 forward_before = target.forward_seconds
 while waiting or queue or batch.running:
     now = time.perf_counter()
@@ -73,3 +83,6 @@ print(f"C={concurrency} drafter {drafter} max_tokens {max_tokens}: {len(arrivals
       f"p90 {percentile(e2e, 0.9):.1f} s")
 print(f"steps {steps}, rows {rows}, in target passes {target.forward_seconds - forward_before:.1f} s, "
       f"drafted {batch.total_stats.num_draft_tokens}, accepted {batch.total_stats.num_accepted_tokens}")
+print("decode-only shared passes (rows: count, median ms, ms per row): " + "; ".join(
+    f"{n}: {len(v)}, {1000 * statistics.median(v):.0f}, {1000 * statistics.median(v) / n:.1f}"
+    for n, v in sorted(decode_passes.items())))

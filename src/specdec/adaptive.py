@@ -246,9 +246,7 @@ class AdaptiveK:
         if level is None and self.pass_costs:
             level = self._curve_level()
         if self.other_rows > 0 and self.pass_costs:
-            curve = {n: c * level for n, c in self.pass_costs.items()}
-            curve.update((rows, seen.value) for rows, seen in self.shared_pass_costs.items())
-            return interpolate_cost(curve, self.other_rows + size)
+            return interpolate_cost(self.shared_pass_curve(level), self.other_rows + size)
         seen = self._verify.get(size)
         if seen is not None and seen.count > 0:
             return seen.value
@@ -269,6 +267,37 @@ class AdaptiveK:
         slope = max(sum((s - mean_s) * (t - mean_t) for s, t in points) / var, 0.0)
         fitted = mean_t + slope * (size - mean_s)
         return max(fitted, 1e-9)
+
+    def shared_pass_curve(self, level: float | None = None) -> dict[int, float]:
+        """Seconds of a pass shared with other sequences, by row count: the calibrated curve at this engine's level,
+        replaced by the engine's own decode-only shared passes where it has measured that row count."""
+        if not self.pass_costs:
+            raise ValueError("no measured pass-cost curve")
+        level = self._curve_level() if level is None else level
+        curve = {n: c * level for n, c in self.pass_costs.items()}
+        curve.update((rows, seen.value) for rows, seen in self.shared_pass_costs.items())
+        return curve
+
+    def position_gains(self, k_max: int) -> list[float]:
+        """Expected tokens the j-th draft row adds, j = 1..k_max: P(draft tokens 1..j all accepted)."""
+        gains, survive = [], 1.0
+        for rate in self.acceptance_per_pos()[: max(0, k_max)]:
+            survive *= rate
+            gains.append(survive)
+        return gains
+
+    @property
+    def allocatable(self) -> bool:
+        """Whether the scheduler may choose this policy's k together with other sequences' (row_allocation): its
+        acceptance comes from plans, so it never needs to draft to explore, and a measured curve prices rows."""
+        return self.learns_from_plans and bool(self.pass_costs)
+
+    def take_k(self, k: int) -> int:
+        """Record a k chosen for this policy from outside (the scheduler's joint allocation) as next_k would."""
+        self._decisions += 1
+        self.last_k = k
+        self.history.append(k)
+        return k
 
     def _curve_level(self) -> float:
         """The measured curve's scale at the level this engine pays (its steps carry verification and Python too)."""

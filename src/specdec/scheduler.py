@@ -14,12 +14,14 @@ import torch
 
 from .backends.base import BatchRows, forward_batch
 from .adaptive import Ewma
+from .calibration import interpolate_cost
 from .config import SamplingParams, SpecConfig
 from .drafters.base import Draft, Drafter
 from .kvcache import ContextOverflowError, RetainedPrefix, common_prefix_length
 from .metrics import SpecStats
 from .plan_ledger import PlanLedger
 from .policy import make_policy
+from .row_allocation import Candidate, allocate_rows
 from .sampling import greedy_tokens, make_generator, probabilities
 from .textstream import TextStream
 from .verify import Verdict, verify_greedy, verify_sampled
@@ -293,16 +295,7 @@ class BatchEngine:
         outputs: list[StepOutput] = []
         plans = self._prefill_plans()
         prefill_rows = sum(len(p.rows.tokens) for p in plans)
-        deciders = [s for s in self.running if not s.prefilling]
-        chosen = []
-        for index, sequence in enumerate(deciders):
-            # Rows the others put in this pass: prefill chunks, the drafts chosen so far, one per sequence to come.
-            others = prefill_rows + sum(1 + k for _, _, k in chosen) + len(deciders) - index - 1
-            try:
-                chosen.append((sequence, *self._choose_k(sequence, others, len(deciders) - 1)))
-            except Exception as exc:  # noqa: BLE001 - a drafter failed: that sequence ends, the others go on
-                self._leave(sequence, "error", clean=False)
-                outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+        chosen = self._choose_drafts([s for s in self.running if not s.prefilling], prefill_rows, outputs)
         for group in self._drafting_groups(chosen):
             try:
                 drafts = self._draft(group)
@@ -419,8 +412,51 @@ class BatchEngine:
                                         getattr(self.target, "pass_costs", None))
         return owner[source]
 
-    def _choose_k(self, sequence: RunningSequence, other_rows: int, other_sequences: int) -> tuple[object, int]:
-        """This step's draft length for one sequence, and the policy that chose it (None: nothing to draft)."""
+    def _choose_drafts(self, deciders: list[RunningSequence], prefill_rows: int,
+                       outputs: list[StepOutput]) -> list[tuple[RunningSequence, object, int]]:
+        """This step's (sequence, policy, k) for every decoding sequence; a sequence whose drafter failed ends here.
+
+        In a shared pass, the sequences whose policies learn acceptance from plans have their draft lengths chosen
+        together (row_allocation: the pass's tokens per second on the measured curve, which one sequence at a
+        time cannot see where the curve is not convex). The others choose alone, in order, each seeing the rows
+        the rest put in the pass (prefill, the drafts chosen so far, one row per sequence still to choose).
+        """
+        options = []
+        for sequence in deciders:
+            try:
+                options.append((sequence, *self._draft_option(sequence)))
+            except Exception as exc:  # noqa: BLE001 - a drafter failed: that sequence ends, the others go on
+                self._leave(sequence, "error", clean=False)
+                outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+        shared = prefill_rows + len(options) > 1
+        together = [shared and cap > 0 and getattr(policy, "allocatable", False) for _, policy, cap in options]
+        ks: list[int] = [0] * len(options)
+        rows, tokens = prefill_rows + sum(together), float(len(options))
+        alone = [i for i, joint in enumerate(together) if not joint]
+        for n, i in enumerate(alone):
+            _, policy, cap = options[i]
+            if policy is None:
+                rows += 1
+                continue
+            if hasattr(policy, "other_rows"):
+                policy.other_rows = rows + len(alone) - n - 1
+                policy.other_tokens = float(len(options) - 1)
+            ks[i] = min(policy.next_k(), cap)
+            rows += 1 + max(ks[i], 0)
+            if hasattr(policy, "expected_tokens") and ks[i] > 0:
+                tokens += policy.expected_tokens(ks[i]) - 1.0
+        joint = [i for i, flag in enumerate(together) if flag]
+        if joint:
+            curve = options[joint[0]][1].shared_pass_curve()
+            candidates = [Candidate(options[i][1].position_gains(options[i][2]), options[i][1].draft_cost)
+                          for i in joint]
+            for i, k in zip(joint, allocate_rows(candidates, rows, tokens, lambda n: interpolate_cost(curve, n))):
+                ks[i] = options[i][1].take_k(k)
+        return [(sequence, policy, k) for (sequence, policy, _), k in zip(options, ks)]
+
+    def _draft_option(self, sequence: RunningSequence) -> tuple[object, int]:
+        """The k policy of the source that drafts for this sequence this step, and the most it may draft (None, 0:
+        a plain step). A drafter that plans (suffix, prompt lookup) has its plan scored by the policy and caps k."""
         # Invariant: the target cache holds every context token except the last.
         remaining = sequence.params.max_tokens - sequence.generated
         room = sequence.slot.cache.capacity - len(sequence.context)
@@ -434,16 +470,18 @@ class BatchEngine:
         if source is None:
             return None, 0
         policy = self._policy(sequence, source)
+        cap = min(remaining - 1, room - 1)
         plan = getattr(drafter, "plan", None)
         if plan is not None and hasattr(policy, "learn_from_plans"):
             # The drafter's plan is a function of the context, so the tokens that follow score it whatever k is
             # chosen: the policy learns acceptance from every step and never drafts just to find it out.
             policy.learn_from_plans()
-            sequence.plans.add(len(context), plan(context), policy)
-        if hasattr(policy, "other_rows"):
-            policy.other_rows, policy.other_tokens = other_rows, float(other_sequences)
+            planned = plan(context)
+            sequence.plans.add(len(context), planned, policy)
+            cap = min(cap, len(planned), policy.max_k)
+        if hasattr(policy, "shared_pass_costs"):
             policy.shared_pass_costs = self.shared_pass_costs
-        return policy, min(policy.next_k(), remaining - 1, room - 1)
+        return policy, cap
 
     @staticmethod
     def _drafting_groups(chosen: list) -> list[list]:
