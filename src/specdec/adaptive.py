@@ -43,6 +43,8 @@ faster than the pass already does (load-aware: less drafting on a CPU's steep cu
 Where the engine has measured decode-only passes of several sequences at a row count
 (`shared_pass_costs`), that measurement replaces the calibrated curve there: one sequence's rows,
 which the calibration times, can cost less than the same number of rows from many sequences.
+A policy that learns from plans (allocatable) is not asked alone in a shared pass: the scheduler chooses every
+such sequence's k together (row_allocation.py) from position_gains() and shared_pass_curve(), and take_k() records it.
 
 Note: in sampled mode the emitted text is exactly target-distributed whatever k is chosen, but the
 k sequence depends on wall-clock measurements, so the same seed reproduces the same text only with

@@ -105,8 +105,9 @@ class BatchEngine:
     target pass; `abort` ends one between steps. A prompt is prefilled in chunks of at most prefill_chunk tokens
     per step, so a new request does not stall the running streams for its whole length, and the pass that
     prefills its last chunk gives its first token (llama-server and vLLM do the same). One prompt's chunk per
-    pass, the shortest remaining prompt first (see _prefill_plans). The adaptive k policy prices a sequence's
-    draft rows at what they add to this step's pass (load-aware: see AdaptiveK.other_rows).
+    pass, the shortest remaining prompt first (see _prefill_plans). Draft rows are priced at what they add to this
+    step's pass (load-aware): chosen together for the sequences whose policies learn from plans (row_allocation),
+    by each policy alone for the others (AdaptiveK.other_rows).
     """
 
     def __init__(self, target, drafter: Drafter | None = None, spec: SpecConfig | None = None,
