@@ -162,6 +162,19 @@ def test_greedy_tokens_is_argmax_with_ties_to_the_lowest_id():
     assert int(greedy_tokens(logits[0])) == 1
 
 
+def test_greedy_tokens_fast_path_equals_torch_argmax():
+    """The numpy path for float32 CPU rows against torch.argmax: random rows with planted ties, -inf and NaN, 1-D and
+    2-D, a non-contiguous view, and the torch path (float64) unchanged."""
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(64, 1000, generator=generator)
+    rows[::3, 17] = rows[::3].max(dim=-1).values  # a tie with an earlier or later maximum
+    rows[1, :] = float("-inf")
+    rows[2, 500] = float("nan")
+    rows[4, [3, 900]] = float("nan")
+    for logits in (rows, rows[5], rows[:, ::2], rows.double()):
+        assert torch.equal(greedy_tokens(logits), torch.argmax(logits, dim=-1)), logits.shape
+
+
 def test_sample_token_never_draws_zero_probability_and_is_seeded():
     probs = torch.tensor([0.0, 0.5, 0.0, 0.25, 0.25, 0.0])
     g1, g2 = make_generator(123), make_generator(123)
