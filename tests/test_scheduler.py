@@ -227,29 +227,6 @@ def test_a_long_prompt_is_not_starved_by_short_arrivals():
     assert long_began_after is not None and long_began_after <= len(long_prompt)
 
 
-def test_a_prompt_whose_prefill_began_is_not_cut_in_by_a_shorter_arrival():
-    """A short prompt arriving after a long prompt's first chunk waits for the long one's last chunk (the long one
-    keeps the prefill it began, as inside llama-server's one call per prompt); shortest first alone would put
-    the short one between the long one's chunks."""
-    target = PrefixLM(vocab=12, seed=14, max_context=512)
-    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=3, prefill_chunk=16)
-    long_prompt = [(i * 5) % 12 for i in range(40)]
-    long = batch.add(long_prompt, SamplingParams(max_tokens=3, ignore_eos=True))
-    batch.step()
-    assert long.prefilled == 16
-    short = batch.add([1, 2, 3, 4, 5], SamplingParams(max_tokens=3, ignore_eos=True))
-    order = []
-    while long.prefilling or short.prefilling:
-        before = {id(s): s.prefilled for s in (long, short)}
-        batch.step()
-        order += [name for name, s in (("long", long), ("short", short)) if s.prefilled > before[id(s)]]
-    assert order == ["long", "long", "short"]
-    while batch.running:
-        batch.step()
-    assert long.context[len(long_prompt):] == plain_engine(target).generate(
-        long_prompt, SamplingParams(max_tokens=3, ignore_eos=True)).tokens
-
-
 def test_abort_frees_the_slot_at_the_step_boundary_and_keeps_the_cache_consistent():
     target = PrefixLM(vocab=12, seed=9, max_context=128)
     draft = PrefixLM(vocab=12, seed=10, scale=0.5, base=target, max_context=128)

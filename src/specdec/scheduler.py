@@ -70,7 +70,6 @@ class RunningSequence:
     context: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens in the target cache (the last chunk's logits give the first token)
     passed_over: int = 0  # prompt rows prefilled for others while this one waited (ages its prefill priority)
-    prefill_started: bool = False  # a chunk of this prompt has been prefilled: it keeps the prefill until done
     generated: int = 0
     policies: dict = field(default_factory=dict)  # per draft source
     plans: PlanLedger = field(default_factory=PlanLedger)  # a deterministic drafter's plans awaiting their tokens
@@ -374,10 +373,7 @@ class BatchEngine:
         into one pass makes the first wait for the second's whole prefill and saves little; served one after
         the other, shortest first, their first tokens come out in the least total time (the shortest-processing-
         time rule). A prompt passed over ages: the rows prefilled for others while it waited count against its
-        length, so it is served after at most its own length of others' prompt rows. A prompt whose prefill has
-        begun keeps it to the end (no other prompt's chunk cuts in between its chunks, as none can inside
-        llama-server's one call per prompt): otherwise each short arrival during a long prompt's first chunk
-        would go before its rest, and the longest prompts, which make the TTFT tail, would wait for them.
+        length, so it is served after at most its own length of others' prompt rows.
 
         A sequence's chunks are always whole (prefill_chunk tokens from where its prefill began, the last one
         shorter), whatever else runs: a batch-invariant target computes a prompt's keys and values exactly as
@@ -387,10 +383,7 @@ class BatchEngine:
         waiting = [s for s in self.running if s.prefilling]
         if not waiting:
             return []
-        started = [s for s in waiting if s.prefill_started]
-        sequence = started[0] if started else min(
-            waiting, key=lambda s: (len(s.prompt) - s.prefilled - s.passed_over, s.request_id))
-        sequence.prefill_started = True
+        sequence = min(waiting, key=lambda s: (len(s.prompt) - s.prefilled - s.passed_over, s.request_id))
         size = min(self.prefill_chunk, len(sequence.prompt) - sequence.prefilled)
         for other in waiting:
             if other is not sequence:
