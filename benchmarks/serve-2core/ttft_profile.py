@@ -6,7 +6,8 @@ through one BatchEngine, greedy, default pair, 2 threads, chat template.
 
 A request arrives when the client's previous one ends (all C at once at the start) and is admitted at the next step
 boundary; its TTFT runs from its arrival to the step that gives its first token. Prints aggregate tok/s (prefill
-included), TTFT p50 / p90 / mean, end-to-end p50 / p90. Run one at a time on a quiet machine.
+included), TTFT p50 / p90 / mean, end-to-end p50 / p90, and the decode-only shared passes by row count (count,
+median ms, ms per row). Run one at a time on a quiet machine.
 """
 
 import statistics
