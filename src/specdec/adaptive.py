@@ -134,7 +134,6 @@ class AdaptiveK:
         self._accepted = [0.0] * max_k
         self._draft_cost = Ewma(time_alpha)  # seconds per proposed token
         self._verify: dict[int, Ewma] = {}  # tokens verified (k + 1) -> seconds per target forward
-        self._decisions = 0
         self._explore_up = True
         self.last_k = self.prior_k
         self.history: list[int] = []  # every k returned, for reports and tests
@@ -295,8 +294,8 @@ class AdaptiveK:
         return self.learns_from_plans and bool(self.pass_costs)
 
     def take_k(self, k: int) -> int:
-        """Record a k chosen for this policy from outside (the scheduler's joint allocation) as next_k would."""
-        self._decisions += 1
+        """Record this step's k: next_k's own choice, or one made for this policy from outside (the scheduler's
+        joint allocation)."""
         self.last_k = k
         self.history.append(k)
         return k
@@ -337,7 +336,6 @@ class AdaptiveK:
     # ----- deciding -----------------------------------------------------------------------------
 
     def next_k(self) -> int:
-        self._decisions += 1
         curve_priced = self.other_rows > 0 and bool(self.pass_costs)  # shared passes: rows priced on the curve
         if self.learns_from_plans:
             # Acceptance arrives from plans whatever k is, so nothing is drafted to explore: plain steps until a
@@ -362,9 +360,7 @@ class AdaptiveK:
                 self._explored_from = k
                 self._since_explore = 0
                 k = self._neighbour(k)
-        self.last_k = k
-        self.history.append(k)
-        return k
+        return self.take_k(k)
 
     def begin_request(self, carry: float | None = None) -> None:
         """A new request: its content decides acceptance (a code edit copies, a poem does not), so the evidence

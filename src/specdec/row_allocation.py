@@ -46,42 +46,44 @@ def allocate_rows(candidates: Sequence[Candidate], base_rows: int, base_tokens: 
     """
     if any(g < 0 for c in candidates for g in c.gains):
         raise ValueError("a draft row's gain is an expected token count: never negative")
+    # Every round reads the same pass costs: each row count's once.
+    costs = [pass_cost(base_rows + n) for n in range(sum(len(c.gains) for c in candidates) + 1)]
     best = [0] * len(candidates)
-    best_rate = _rate(float(base_tokens), pass_cost(base_rows))
+    best_rate = _rate(float(base_tokens), costs[0])
     for _ in range(64):  # converges in a few rounds; the bound only guards against float cycling
-        ks = _best_at_rate(candidates, base_rows, base_tokens, pass_cost, best_rate)
-        rate = _rate(base_tokens + sum(sum(c.gains[:k]) for c, k in zip(candidates, ks)),
-                     pass_cost(base_rows + sum(ks)) + sum(c.draft_seconds * k for c, k in zip(candidates, ks)))
+        ks, rate = _best_at_rate(candidates, base_tokens, costs, best_rate)
         if not rate > best_rate * (1 + 1e-12):
             break
         best, best_rate = ks, rate
     return best
 
 
-def _best_at_rate(candidates: Sequence[Candidate], base_rows: int, base_tokens: float,
-                  pass_cost: Callable[[int], float], rate: float) -> list[int]:
-    """The allocation maximising tokens - rate * seconds (ties: fewer rows)."""
+def _best_at_rate(candidates: Sequence[Candidate], base_tokens: float, costs: Sequence[float],
+                  rate: float) -> tuple[list[int], float]:
+    """The allocation maximising tokens - rate * seconds (ties: fewer rows), and its tokens per second.
+    costs[n] = seconds of the pass with n rows bought."""
     value = [[g - rate * c.draft_seconds for g in c.gains] for c in candidates]
     heap = [(-v[0], index, 0) for index, v in enumerate(value) if v]
     heapq.heapify(heap)
     order: list[int] = []  # candidate index of each bought row, in buying order
     gained, drafting = 0.0, 0.0
-    best_rows = 0
-    best_score = base_tokens - rate * pass_cost(base_rows)
+    best_rows, best_tokens, best_seconds = 0, float(base_tokens), costs[0]
+    best_score = best_tokens - rate * best_seconds
     while heap:
         _, index, position = heapq.heappop(heap)
         order.append(index)
         gained += candidates[index].gains[position]
         drafting += candidates[index].draft_seconds
-        score = base_tokens + gained - rate * (pass_cost(base_rows + len(order)) + drafting)
+        tokens, seconds = base_tokens + gained, costs[len(order)] + drafting
+        score = tokens - rate * seconds
         if score > best_score + 1e-12 * abs(best_score):
-            best_rows, best_score = len(order), score
+            best_rows, best_tokens, best_seconds, best_score = len(order), tokens, seconds, score
         if position + 1 < len(value[index]):
             heapq.heappush(heap, (-value[index][position + 1], index, position + 1))
     ks = [0] * len(candidates)
     for index in order[:best_rows]:
         ks[index] += 1
-    return ks
+    return ks, _rate(best_tokens, best_seconds)
 
 
 def _rate(tokens: float, seconds: float) -> float:
