@@ -172,8 +172,11 @@ def test_exact_methods_are_identical_to_exact_plain_where_the_fast_ones_flip_nea
     # Negative control: the same methods on the fast kernels of the same model part from plain at near-ties,
     # so the comparison above can see a difference when there is one.
     flips = results["summary"]["greedy_differences"]["near_tie_flips"]
-    assert flips and all(not e["method"].startswith("exact_") for e in flips.values())
-    assert sum(e["prompts"] for e in flips.values()) > 0
+    assert all(not e["method"].startswith("exact_") for e in flips.values())
+    if not decoder.target.amx:
+        # (On an AMX library the tiny model's fast rows change only from 8 rows a pass, beyond these drafts
+        # of k <= 5: no flips to see there. The injected mismatch below is the control that holds everywhere.)
+        assert flips and sum(e["prompts"] for e in flips.values()) > 0
     assert not results["summary"]["greedy_differences"]["exact_mismatches"]
     # One exact target, made for the exact_ methods and freed at the end; the draft is shared.
     target = str(ggufs["target"])
@@ -191,8 +194,10 @@ def test_exact_methods_are_identical_to_exact_plain_where_the_fast_ones_flip_nea
     markdown = to_markdown(results)
     assert "## --exact beside the default kernels" in markdown
     assert "| **greedy identical to exact_plain** |" in markdown and "8/8" in markdown
-    assert "Near-tie flips of the fast kernels (information, not a bug)" in markdown
-    assert "**Warning:**" not in markdown and "near-tie flip (fast kernels)" in markdown
+    assert "**Warning:**" not in markdown
+    if flips:  # reported as information, not as a bug
+        assert "Near-tie flips of the fast kernels (information, not a bug)" in markdown
+        assert "near-tie flip (fast kernels)" in markdown
 
 
 def test_a_difference_in_exact_mode_is_a_warning(ggufs, backend_log, monkeypatch):

@@ -94,7 +94,8 @@ def _beside(backend, companions: int, prefill_in_step: bool = True) -> list[torc
 def test_exact_mode_is_bit_identical_beside_other_sequences(models):
     _needs_exact()
     plain = LlamaCppBackend(models["q4_k"], max_context=512, threads=2)  # today's layout: one unified buffer
-    assert plain.batch_invariant and plain.kv_unified and plain.extra_buffers and plain.invariant_rows == 3
+    assert plain.batch_invariant and plain.kv_unified and plain.extra_buffers
+    assert plain.invariant_rows == (plain.amx_invariance["rows"] if plain.amx else 3)  # AMX: as probed
     reference = _alone(plain)
     backend = LlamaCppBackend(models["q4_k"], max_context=512, threads=2, parallel=4)
     assert not backend.kv_unified and backend.max_sequences == 4 and backend.sequence_cells >= 512
@@ -125,9 +126,11 @@ def test_negative_controls_show_the_comparison_can_fail(models):
     # repacked weights' gemm, so rows change.
     streams = LlamaCppBackend(models["q4_k"], max_context=512, threads=2, parallel=4)
     streams.batch_invariant = False  # only forward_batch's cutting reads it after loading
-    for companions in (1, 2, 3):
-        got = _beside(streams, companions)
-        assert sum(not torch.equal(g, r) for g, r in zip(got, reference)) > 0
+    changed = [sum(not torch.equal(g, r) for g, r in zip(_beside(streams, companions), reference))
+               for companions in (1, 2, 3)]
+    # Repacked weights change rows from 4 rows a pass. (On an AMX library AMX's buffers take this model's
+    # weights and these passes changed no row, measured: there the unified-buffer control above is the one.)
+    assert streams.amx or all(changed), changed
 
 
 def test_fast_mode_matches_per_sequence_forwards(models):

@@ -1,6 +1,10 @@
 """specdec public API: load a target/draft pair, then generate or stream losslessly with speculative decoding."""
 
-from .config import ConfigError, ModelRef, SamplingParams, SpecConfig
+from .amx_guard import keep_onednn_off_amx
+
+keep_onednn_off_amx()  # before torch computes anything (see amx_guard.py)
+
+from .config import ConfigError, ModelRef, SamplingParams, SpecConfig  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -21,9 +21,12 @@ bit-identical whether it is decoded alone (plain decoding) or as one row of a k+
 llama.cpp picks kernels by batch size in four places, so the exact mode avoids each:
 - repacked weights (CPU "extra buffer types": interleaved gemm for each group of 4 rows, gemv for
   the rest, so passes of 1-3 rows all take the gemv): kept, and rows whose logits are returned go
-  through llama_decode in slices of at most EXACT_REPACKED_ROWS rows. Where the library has AMX
-  (whose extra buffer type is not row-invariant) the extra buffer types are off and slices are
-  INVARIANT_ROWS long;
+  through llama_decode in slices of at most EXACT_REPACKED_ROWS rows. Where the library has AMX, its
+  buffers take the weights first: AMX's int8 products with int32 sums do not depend on the row count, so
+  a child-process probe (llamacpp_probe.amx_invariant_rows) measures on the model how long a pass keeps
+  every row bit-identical to a one-row pass (the default 1.5B target: every length up to 33) and exact
+  mode slices by that; where it holds for fewer than INVARIANT_ROWS, the extra buffer types are off and
+  slices are INVARIANT_ROWS long;
 - llamafile's tinyBLAS (taken for 2+ rows only): the library must be built with GGML_LLAMAFILE=OFF,
   which `llama_build_info()` reports and this module checks;
 - the tiled K-quant matmul (taken for 8+ rows): avoided by the slices above. A prompt prefill
@@ -241,11 +244,14 @@ class LlamaCppBackend:
             )
         amx_library = features.get("AMX_INT8", False)
         self.amx_check: dict | None = None
+        self.amx_invariance: dict | None = None
         if extra_buffers is None:
-            # Exact mode keeps the repacked weights (row-invariant below 4 rows) but not AMX's buffers.
-            extra_buffers = not (batch_invariant and amx_library)
+            # Exact mode keeps the repacked weights (row-invariant below 4 rows); on an AMX library the AMX
+            # buffers take the weights first, and exact mode keeps them only where the probe measured rows
+            # invariant for at least as long a slice as the stored weights give.
+            extra_buffers = not (self.batch_invariant and amx_library) or check_amx
             if extra_buffers and amx_library and check_amx:
-                from .llamacpp_probe import amx_rows_agree
+                from .llamacpp_probe import amx_invariant_rows, amx_rows_agree
 
                 self.amx_check = amx_rows_agree(self.gguf_path, self.threads)
                 if not self.amx_check["ok"]:
@@ -253,10 +259,16 @@ class LlamaCppBackend:
                     warnings.warn(f"{self.name}: AMX is off for this model: {self.amx_check['why']}. Running "
                                   f"without llama.cpp's extra buffer types (slower); rebuild without AMX with "
                                   f"SPECDEC_AMX=0 and {_INSTALL_HINT}", stacklevel=2)
+                elif self.batch_invariant:
+                    self.amx_invariance = amx_invariant_rows(self.gguf_path, self.threads)
+                    extra_buffers = self.amx_invariance["rows"] >= INVARIANT_ROWS
         self.extra_buffers = extra_buffers
         self.amx = bool(extra_buffers and amx_library)
         # Rows whose logits are returned go through llama_decode in slices this long in exact mode.
-        self.invariant_rows = EXACT_REPACKED_ROWS if extra_buffers else INVARIANT_ROWS
+        if self.amx and self.amx_invariance is not None:
+            self.invariant_rows = self.amx_invariance["rows"]
+        else:
+            self.invariant_rows = EXACT_REPACKED_ROWS if extra_buffers else INVARIANT_ROWS
         self.features = features
 
         model_params = llama_cpp.llama_model_default_params()
@@ -480,6 +492,13 @@ class LlamaCppBackend:
         slices = [(lo, min(lo + size, first_output)) for lo in range(0, first_output, size)]
         step = self.invariant_rows
         return slices + [(lo, min(lo + step, n)) for lo in range(first_output, n, step)]
+
+    def decode_together(self, tokens: Sequence[int], cache: "LlamaCppSequence") -> np.ndarray:
+        """Append tokens in ONE llama_decode (no slicing: the kernels a pass of len(tokens) rows takes) and
+        return every row's logits. For the probes and tests that compare kernels; the engine uses forward."""
+        self._decode(tokens, cache.length, cache.seq_id, len(tokens))
+        cache.length += len(tokens)
+        return self._read_logits(len(tokens))
 
     def _decode(self, tokens: Sequence[int], first_pos: int, seq_id: int, num_logits: int) -> None:
         """One llama_decode of one sequence's consecutive tokens, logits for the last num_logits of them."""

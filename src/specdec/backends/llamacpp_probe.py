@@ -1,4 +1,4 @@
-"""Proofs, made in child processes and cached per library and CPU, that llama.cpp runs here: the library loads (no illegal instruction) and AMX multi-row passes run and agree with the non-AMX kernels.
+"""Proofs, made in child processes and cached per library and CPU, that llama.cpp runs here: the library loads (no illegal instruction), AMX multi-row passes run and agree with the non-AMX kernels, and how many rows an AMX pass keeps bit-identical to one-row passes.
 
 A library built natively for one CPU (a wheel from pip's cache, a home directory moved to another
 machine) can die with SIGILL on another, and an AMX build made by a compiler that drops ggml's tile
@@ -25,6 +25,9 @@ AMX_PROBE_ROWS = 16  # enough rows that ggml takes the AMX tile kernels (not its
 # AMX quantizes activations like the other int8 kernels but accumulates in another order: logits differ a
 # little. A wrong tile configuration gives garbage (or a fault), far outside this.
 AMX_TOLERANCE = 0.05  # max |difference| / (max - min) of the reference logits, per row
+# The longest verification exact mode makes (adaptive k up to 32, plus the bonus row): the AMX
+# row-invariance probe tries every pass length up to it.
+EXACT_PROBE_MAX_ROWS = 33
 
 
 class LibraryProbeError(RuntimeError):
@@ -144,17 +147,68 @@ def amx_rows_agree(gguf_path: str | os.PathLike, threads: int = 1) -> dict:
     return _cached(key, probe)
 
 
+def amx_invariant_rows(gguf_path: str | os.PathLike, threads: int = 1) -> dict:
+    """{"rows": n, "why": str}: with AMX weights and exact mode's other settings, every pass of 2..n rows
+    (n <= EXACT_PROBE_MAX_ROWS) gave each row bit-identical to decoding it alone. Measured on this model
+    in a child process (AMX could fault), cached; rows 1 when nothing longer held or the probe failed.
+
+    AMX multiplies int8 activations by int8 weights with int32 sums, so on a model whose weights all
+    take AMX the result is the same whatever the row count (the default 1.5B target: every length
+    to 64); a model with tensors AMX does not take falls back to kernels that switch at 4 or 8 rows."""
+    library = library_file()
+    gguf = Path(gguf_path)
+    key = f"amx-rows:{threads}:" + (fingerprint(library) if library else "?") + ":" + fingerprint(gguf)
+
+    def probe() -> dict:
+        try:
+            result = _run_child(["amxrows", str(gguf), str(threads)])
+        except subprocess.TimeoutExpired:
+            return {"rows": 1, "why": f"the AMX row-invariance probe took over {PROBE_TIMEOUT} s"}
+        if result.returncode != 0:
+            return {"rows": 1, "why": f"the AMX row-invariance probe died ({_died(result)})"}
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    return _cached(key, probe)
+
+
+def _child_amx_rows(gguf: str, threads: int) -> dict:
+    """In the child: the longest run of pass lengths 2, 3, ... whose rows all equal one-row passes bit for bit."""
+    from .llamacpp_backend import LlamaCppBackend
+
+    backend = LlamaCppBackend(gguf, max_context=256, threads=threads, batch_invariant=True, extra_buffers=True,
+                              check_amx=False)
+    vocab = min(1000, backend.vocab_size)
+    prefix = [(i * 37 + 5) % vocab for i in range(24)]
+    rows = [(i * 53 + 11) % vocab for i in range(EXACT_PROBE_MAX_ROWS)]
+    cache = backend.new_cache()
+    backend.forward(prefix, cache)
+    alone = [backend.forward([token], cache)[0].numpy() for token in rows]
+    invariant = 1
+    for n in range(2, EXACT_PROBE_MAX_ROWS + 1):
+        cache.trim(cache.length - len(prefix))
+        # One llama_decode of n rows, not forward's slices: the kernels a pass of n rows would take.
+        together = backend.decode_together(rows[:n], cache)
+        if any(not (together[i] == alone[i]).all() for i in range(n)):
+            break
+        invariant = n
+    backend.close()
+    why = "" if invariant == EXACT_PROBE_MAX_ROWS else f"a pass of {invariant + 1} rows changed a row's logits"
+    return {"rows": invariant, "why": why}
+
+
 def _child_amx(gguf: str, threads: int) -> dict:
     """In the child: logits of one multi-row pass with extra buffer types (AMX) and without, compared."""
     import numpy as np
 
     from .llamacpp_backend import LlamaCppBackend
 
-    tokens = [(i * 131 + 17) % 1000 for i in range(AMX_PROBE_ROWS)]
     rows = []
     for extra in (True, False):
         backend = LlamaCppBackend(gguf, max_context=256, threads=threads, batch_invariant=False,
                                   extra_buffers=extra, check_amx=False)
+        # Ids inside the model's vocabulary (a tiny test model has a few hundred): an id past it is a
+        # refused batch (llama_decode -1), not a verdict on AMX.
+        tokens = [(i * 131 + 17) % min(1000, backend.vocab_size) for i in range(AMX_PROBE_ROWS)]
         cache = backend.new_cache()
         rows.append(backend.forward(tokens, cache, num_logits=len(tokens)).numpy())
         backend.close()
@@ -176,7 +230,11 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["amx"] and len(argv) == 3:
         print(json.dumps(_child_amx(argv[1], int(argv[2]))))
         return 0
-    print("usage: python -m specdec.backends.llamacpp_probe load | amx GGUF THREADS", file=sys.stderr)
+    if argv[:1] == ["amxrows"] and len(argv) == 3:
+        print(json.dumps(_child_amx_rows(argv[1], int(argv[2]))))
+        return 0
+    print("usage: python -m specdec.backends.llamacpp_probe load | amx GGUF THREADS | amxrows GGUF THREADS",
+          file=sys.stderr)
     return 2
 
 
