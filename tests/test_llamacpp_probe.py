@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from specdec.backends import llamacpp_probe
-from specdec.backends.llamacpp_probe import LibraryProbeError, amx_rows_agree, check_library_runs
+from specdec.backends.llamacpp_probe import LibraryProbeError, amx_invariant_rows, amx_rows_agree, check_library_runs
 
 
 @pytest.fixture()
@@ -58,6 +58,16 @@ def test_a_child_that_fails_without_a_signal_does_not_condemn_the_library(isolat
     child(1)  # e.g. specdec not importable in the child: the import in this process reports what is wrong
     check_library_runs()
     assert len(calls) == 1
+
+
+def test_a_model_the_child_cannot_load_is_no_verdict_on_amx(tmp_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file")
+    verdict = amx_rows_agree(broken, threads=1)
+    assert verdict["ok"] is None and "did not load" in verdict["why"]
+    assert amx_invariant_rows(broken, threads=1)["rows"] == 1
 
 
 def test_the_amx_check_reports_a_dying_pass_and_caches_it(isolated):

@@ -74,6 +74,7 @@ import torch
 from ..kvcache import ContextOverflowError
 from ..native_build import cmake_args, compiler_family, cpu_flags, cpu_model, library_mismatch, rebuild_command
 from .base import BatchRows, check_batch, forward_rows
+from .hugepages import NewRegions
 
 # The tiled K-quant matmul engages at 8 rows (ggml-cpu/tiled/tiled.cpp: ggml_tiled_min_batch).
 INVARIANT_ROWS = 7
@@ -254,7 +255,9 @@ class LlamaCppBackend:
                 from .llamacpp_probe import amx_invariant_rows, amx_rows_agree
 
                 self.amx_check = amx_rows_agree(self.gguf_path, self.threads)
-                if not self.amx_check["ok"]:
+                if self.amx_check["ok"] is None:
+                    extra_buffers = False  # the file did not load in the child: the load below says why
+                elif not self.amx_check["ok"]:
                     extra_buffers = False
                     warnings.warn(f"{self.name}: AMX is off for this model: {self.amx_check['why']}. Running "
                                   f"without llama.cpp's extra buffer types (slower); rebuild without AMX with "
@@ -271,6 +274,7 @@ class LlamaCppBackend:
             self.invariant_rows = EXACT_REPACKED_ROWS if extra_buffers else INVARIANT_ROWS
         self.features = features
 
+        new_regions = NewRegions()  # what the load allocates gets huge pages (hugepages.py)
         model_params = llama_cpp.llama_model_default_params()
         model_params.use_extra_bufts = extra_buffers
         model = llama_cpp.llama_model_load_from_file(str(self.gguf_path).encode(), model_params)
@@ -321,6 +325,7 @@ class LlamaCppBackend:
         self._ctx = ctx
         self._memory = llama_cpp.llama_get_memory(ctx)
         self._batch = llama_cpp.llama_batch_init(self.batch_size, 0, 1)
+        self.huge_pages = new_regions.collapse_new()
         # Cells one sequence may fill: llama.cpp pads the context (and each stream) to multiples of 256.
         self.kv_cells = int(llama_cpp.llama_n_ctx(ctx))
         self.sequence_cells = int(llama_cpp.llama_n_ctx_seq(ctx))
@@ -540,6 +545,7 @@ class LlamaCppBackend:
             "file_bytes": self.gguf_path.stat().st_size, "vocab_size": self.vocab_size,
             "max_context": self.max_context, "threads": self.threads, "batch_invariant": self.batch_invariant,
             "parallel": self.parallel, "max_sequences": self.max_sequences, "kv_unified": self.kv_unified,
+            "huge_pages": self.huge_pages,
             "kv_cells": self.kv_cells,
             "runtime": self.runtime_summary(), "amx_check": self.amx_check,
             "batch_invariance_problems": self.batch_invariance_problems,
@@ -561,6 +567,8 @@ class LlamaCppBackend:
         if self.amx:
             kernels.append("AMX")
         kernels.append(f"flash attention {self.flash_attention}")
+        if self.huge_pages and self.huge_pages["bytes"]:
+            kernels.append(f"{self.huge_pages['bytes'] / 2**30:.1f} GiB on huge pages")
         mode = (f"exact (verify rows in slices of {self.invariant_rows})" if self.batch_invariant
                 else "fast (llama.cpp's batched kernels)")
         return f"llama.cpp {' '.join(isa) or 'no SIMD'}; {', '.join(kernels)}; {mode}; {self.threads} threads"

@@ -129,7 +129,8 @@ def check_library_runs() -> None:
 
 
 def amx_rows_agree(gguf_path: str | os.PathLike, threads: int = 1) -> dict:
-    """{"ok": bool, "why": str, "max_error": float}: does a multi-row pass with AMX weights run and match? Cached."""
+    """{"ok": bool | None, "why": str, "max_error": float}: does a multi-row pass with AMX weights run and match?
+    None where the child could not load the model at all (not a verdict on AMX). Cached."""
     library = library_file()
     gguf = Path(gguf_path)
     key = "amx:" + (fingerprint(library) if library else "?") + ":" + fingerprint(gguf)
@@ -175,8 +176,11 @@ def _child_amx_rows(gguf: str, threads: int) -> dict:
     """In the child: the longest run of pass lengths 2, 3, ... whose rows all equal one-row passes bit for bit."""
     from .llamacpp_backend import LlamaCppBackend
 
-    backend = LlamaCppBackend(gguf, max_context=256, threads=threads, batch_invariant=True, extra_buffers=True,
-                              check_amx=False)
+    try:
+        backend = LlamaCppBackend(gguf, max_context=256, threads=threads, batch_invariant=True,
+                                  extra_buffers=True, check_amx=False)
+    except (OSError, ValueError) as exc:
+        return {"rows": 1, "why": f"the model did not load: {exc}"}
     vocab = min(1000, backend.vocab_size)
     prefix = [(i * 37 + 5) % vocab for i in range(24)]
     rows = [(i * 53 + 11) % vocab for i in range(EXACT_PROBE_MAX_ROWS)]
@@ -204,8 +208,12 @@ def _child_amx(gguf: str, threads: int) -> dict:
 
     rows = []
     for extra in (True, False):
-        backend = LlamaCppBackend(gguf, max_context=256, threads=threads, batch_invariant=False,
-                                  extra_buffers=extra, check_amx=False)
+        try:
+            backend = LlamaCppBackend(gguf, max_context=256, threads=threads, batch_invariant=False,
+                                      extra_buffers=extra, check_amx=False)
+        except (OSError, ValueError) as exc:
+            # Not a verdict on AMX: the caller's own load of the file reports what is wrong with it.
+            return {"ok": None, "why": f"the model did not load: {exc}", "max_error": None}
         # Ids inside the model's vocabulary (a tiny test model has a few hundred): an id past it is a
         # refused batch (llama_decode -1), not a verdict on AMX.
         tokens = [(i * 131 + 17) % min(1000, backend.vocab_size) for i in range(AMX_PROBE_ROWS)]
