@@ -7,7 +7,15 @@ import mmap
 import pytest
 
 from specdec.backends import hugepages
-from specdec.backends.hugepages import HUGE_PAGE, NewRegions, anonymous_regions, collapse
+from specdec.backends.hugepages import (
+    HUGE_PAGE,
+    TUNABLE,
+    NewRegions,
+    anonymous_regions,
+    collapse,
+    environment_for_huge_pages,
+    malloc_uses_huge_pages,
+)
 
 MAPS = """\
 00400000-00600000 r-xp 00000000 08:01 123 /usr/bin/python3
@@ -36,6 +44,25 @@ def test_the_switch_and_the_thp_mode_turn_it_off(monkeypatch, tmp_path):
     mode.write_text("always madvise [never]\n")
     monkeypatch.setattr(hugepages, "_THP_MODE", str(mode))
     assert not hugepages.enabled() and NewRegions().collapse_new() is None
+
+
+def test_the_command_re_executes_with_the_glibc_tunable_once(monkeypatch):
+    monkeypatch.setattr(hugepages, "enabled", lambda: True)
+    monkeypatch.setattr(hugepages, "_glibc_has_the_tunable", lambda: True)
+    env = environment_for_huge_pages({"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": TUNABLE} and malloc_uses_huge_pages(env)
+    assert environment_for_huge_pages(env) is None  # once: the re-executed process has it
+    mine = environment_for_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert mine == {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{TUNABLE}"}  # the user's tunables kept
+    monkeypatch.setattr(hugepages, "_glibc_has_the_tunable", lambda: False)  # musl, or glibc before 2.35
+    assert environment_for_huge_pages({}) is None
+    monkeypatch.setattr(hugepages, "_glibc_has_the_tunable", lambda: True)
+    monkeypatch.setattr(hugepages, "enabled", lambda: False)  # THP never, or SPECDEC_HUGEPAGES=0
+    assert environment_for_huge_pages({}) is None
+    # With the tunable, a load collapses nothing itself.
+    monkeypatch.setenv("GLIBC_TUNABLES", TUNABLE)
+    monkeypatch.setattr(hugepages, "enabled", lambda: True)
+    assert NewRegions().collapse_new() is None
 
 
 def _huge_kib(start: int, end: int) -> int:

@@ -85,6 +85,22 @@ def _register_missing(commands, command: str, extra: str, exc: ImportError) -> N
     stub.set_defaults(handler=refuse)
 
 
+def entry() -> int:
+    """The `specdec` command: once, re-execute with glibc's malloc asking for huge pages (backends/hugepages.py:
+    a 1.2x faster decoding step on the AMX Xeon, and a tunable is read only at process start), then main()."""
+    import os
+
+    from .backends.hugepages import environment_for_huge_pages
+
+    environment = environment_for_huge_pages()
+    if environment is not None and getattr(sys, "orig_argv", None):
+        try:
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
+        except OSError:
+            pass  # run as we are
+    return main()
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         # Building the parser imports the subcommands (torch among them: seconds), so a Ctrl-C can land here.
@@ -162,4 +178,4 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -74,7 +74,7 @@ import torch
 from ..kvcache import ContextOverflowError
 from ..native_build import cmake_args, compiler_family, cpu_flags, cpu_model, library_mismatch, rebuild_command
 from .base import BatchRows, check_batch, forward_rows
-from .hugepages import NewRegions
+from .hugepages import NewRegions, malloc_uses_huge_pages
 
 # The tiled K-quant matmul engages at 8 rows (ggml-cpu/tiled/tiled.cpp: ggml_tiled_min_batch).
 INVARIANT_ROWS = 7
@@ -567,8 +567,10 @@ class LlamaCppBackend:
         if self.amx:
             kernels.append("AMX")
         kernels.append(f"flash attention {self.flash_attention}")
-        if self.huge_pages and self.huge_pages["bytes"]:
-            kernels.append(f"{self.huge_pages['bytes'] / 2**30:.1f} GiB on huge pages")
+        if malloc_uses_huge_pages():
+            kernels.append("huge pages (glibc malloc)")
+        elif self.huge_pages and self.huge_pages["bytes"]:
+            kernels.append(f"{self.huge_pages['bytes'] / 2**30:.1f} GiB collapsed onto huge pages")
         mode = (f"exact (verify rows in slices of {self.invariant_rows})" if self.batch_invariant
                 else "fast (llama.cpp's batched kernels)")
         return f"llama.cpp {' '.join(isa) or 'no SIMD'}; {', '.join(kernels)}; {mode}; {self.threads} threads"
