@@ -8,11 +8,13 @@ import pytest
 
 from specdec.backends import hugepages
 from specdec.backends.hugepages import (
+    BEFORE,
     HUGE_PAGE,
     TUNABLE,
     NewRegions,
     anonymous_regions,
     collapse,
+    environment_as_given,
     environment_for_huge_pages,
     malloc_uses_huge_pages,
 )
@@ -50,10 +52,13 @@ def test_the_command_re_executes_with_the_glibc_tunable_once(monkeypatch):
     monkeypatch.setattr(hugepages, "enabled", lambda: True)
     monkeypatch.setattr(hugepages, "_glibc_has_the_tunable", lambda: True)
     env = environment_for_huge_pages({"PATH": "/bin"})
-    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": TUNABLE} and malloc_uses_huge_pages(env)
+    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": TUNABLE, BEFORE: ""} and malloc_uses_huge_pages(env)
     assert environment_for_huge_pages(env) is None  # once: the re-executed process has it
+    assert environment_as_given(env) == {"PATH": "/bin"}  # what llama-server and other children get
     mine = environment_for_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
-    assert mine == {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{TUNABLE}"}  # the user's tunables kept
+    assert mine["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLE}"  # the user's tunables kept
+    assert environment_as_given(mine) == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    assert environment_as_given({"A": "1"}) == {"A": "1"}  # never re-executed: unchanged
     monkeypatch.setattr(hugepages, "_glibc_has_the_tunable", lambda: False)  # musl, or glibc before 2.35
     assert environment_for_huge_pages({}) is None
     monkeypatch.setattr(hugepages, "_glibc_has_the_tunable", lambda: True)

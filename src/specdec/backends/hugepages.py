@@ -38,6 +38,9 @@ def enabled() -> bool:
 
 
 TUNABLE = "glibc.malloc.hugetlb=1"
+# What GLIBC_TUNABLES was before the re-execution, so that the programs we start (llama-server, the peers
+# a bench compares us with) run in the environment the user gave, not in ours.
+BEFORE = "SPECDEC_GLIBC_TUNABLES_BEFORE"
 
 
 def malloc_uses_huge_pages(environ=os.environ) -> bool:
@@ -58,8 +61,21 @@ def environment_for_huge_pages(environ=os.environ) -> dict[str, str] | None:
     """The environment to re-execute with so that malloc asks for huge pages; None where nothing would change."""
     if not enabled() or malloc_uses_huge_pages(environ) or not _glibc_has_the_tunable():
         return None
-    tunables = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t]
-    return {**environ, "GLIBC_TUNABLES": ":".join([*tunables, TUNABLE])}
+    given = environ.get("GLIBC_TUNABLES")
+    tunables = [t for t in (given or "").split(":") if t]
+    return {**environ, "GLIBC_TUNABLES": ":".join([*tunables, TUNABLE]), BEFORE: "" if given is None else given}
+
+
+def environment_as_given(environ=os.environ) -> dict[str, str]:
+    """This process's environment with GLIBC_TUNABLES as it was before the re-execution (for child programs)."""
+    env = dict(environ)
+    if BEFORE in env:
+        given = env.pop(BEFORE)
+        if given:
+            env["GLIBC_TUNABLES"] = given
+        else:
+            env.pop("GLIBC_TUNABLES", None)
+    return env
 
 
 def anonymous_regions(maps: str = "/proc/self/maps") -> set[tuple[int, int]]:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backends.hugepages import environment_as_given
 from ..config import SamplingParams
 from ..metrics import SpecStats
 
@@ -172,7 +173,8 @@ class LlamaServer:
         self._log = tempfile.TemporaryFile()  # noqa: SIM115
         # Its own session: a Ctrl-C reaches only us, and close() (always run) stops the server.
         self._process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         env=environment_as_given())  # not our huge-page tunable
         try:
             self._wait_healthy(start_timeout)
         except BaseException:

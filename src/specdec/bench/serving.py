@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..backends.hugepages import environment_as_given
 from ..config import ConfigError
 from .datasets import BenchPrompt
 from .llamacpp_peer import (OPTIONAL_FLAGS, SERVER_BINARY, log_tail, missing_reason, server_flags, stop_server,
@@ -166,7 +167,8 @@ class ServerProcess:
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
         try:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self._log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+                                            stderr=subprocess.STDOUT, start_new_session=True,
+                                            env=environment_as_given())  # as the user started us
         except OSError:
             self._log.close()
             raise
