@@ -5,7 +5,7 @@ thread-local "done" flag) and never again. oneDNN, which PyTorch uses for bf16 a
 releases the tiles after each of its AMX kernels (TILERELEASE). The calling thread is shared (ggml's
 OpenMP master is the thread that calls llama_decode), so after one torch bf16 matmul the next
 multi-row llama.cpp pass with AMX weights executes a tile instruction without a configuration and
-the process dies with SIGILL (measured on a Sapphire Rapids Xeon: tests/test_amx_guard.py). MKL's bf16
+the process dies with SIGILL (measured on a 2-vCPU AMX Xeon: tests/test_amx_guard.py). MKL's bf16
 gemm does the same (a bf16 distillation step in the test suite killed the next AMX pass). Both read
 their cap once, at their first kernel, so this must run before torch computes anything: `import
 specdec` does it. A user who sets a cap keeps their value (and the risk).

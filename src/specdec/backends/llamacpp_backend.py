@@ -248,9 +248,9 @@ class LlamaCppBackend:
         self.amx_invariance: dict | None = None
         if extra_buffers is None:
             # Exact mode keeps the repacked weights (row-invariant below 4 rows); on an AMX library the AMX
-            # buffers take the weights first, and exact mode keeps them only where the probe measured rows
-            # invariant for at least as long a slice as the stored weights give.
-            extra_buffers = not (self.batch_invariant and amx_library) or check_amx
+            # buffers take the weights first, and exact mode keeps them only where the probe below measures
+            # rows invariant for at least as long a slice as the stored weights give (unprobed: off).
+            extra_buffers = check_amx or not (self.batch_invariant and amx_library)
             if extra_buffers and amx_library and check_amx:
                 from .llamacpp_probe import amx_invariant_rows, amx_rows_agree
 

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ..native_build import cmake_args, compiler_family, cpu_flags, rebuild_command
@@ -131,21 +132,8 @@ def check_library_runs() -> None:
 def amx_rows_agree(gguf_path: str | os.PathLike, threads: int = 1) -> dict:
     """{"ok": bool | None, "why": str, "max_error": float}: does a multi-row pass with AMX weights run and match?
     None where the child could not load the model at all (not a verdict on AMX). Cached."""
-    library = library_file()
-    gguf = Path(gguf_path)
-    key = "amx:" + (fingerprint(library) if library else "?") + ":" + fingerprint(gguf)
-
-    def probe() -> dict:
-        try:
-            result = _run_child(["amx", str(gguf), str(threads)])
-        except subprocess.TimeoutExpired:
-            return {"ok": False, "why": f"the AMX check took over {PROBE_TIMEOUT} s", "max_error": None}
-        if result.returncode != 0:
-            return {"ok": False, "why": f"a {AMX_PROBE_ROWS}-row pass with AMX weights died ({_died(result)})",
-                    "max_error": None}
-        return json.loads(result.stdout.strip().splitlines()[-1])
-
-    return _cached(key, probe)
+    return _model_probe("amx", "amx", gguf_path, threads, lambda what: {
+        "ok": False, "why": f"a {AMX_PROBE_ROWS}-row pass with AMX weights {what}", "max_error": None})
 
 
 def amx_invariant_rows(gguf_path: str | os.PathLike, threads: int = 1) -> dict:
@@ -156,17 +144,25 @@ def amx_invariant_rows(gguf_path: str | os.PathLike, threads: int = 1) -> dict:
     AMX multiplies int8 activations by int8 weights with int32 sums, so on a model whose weights all
     take AMX the result is the same whatever the row count (the default 1.5B target: every length
     to 64); a model with tensors AMX does not take falls back to kernels that switch at 4 or 8 rows."""
+    return _model_probe(f"amx-rows:{threads}", "amxrows", gguf_path, threads, lambda what: {
+        "rows": 1, "why": f"the AMX row-invariance probe {what}"})
+
+
+def _model_probe(kind: str, command: str, gguf_path: str | os.PathLike, threads: int,
+                 failed: Callable[[str], dict]) -> dict:
+    """The child's verdict (`llamacpp_probe COMMAND GGUF THREADS`, its last stdout line as JSON), cached per
+    kind, library and model file; failed("took over ... s" / "died (...)") where it timed out or died."""
     library = library_file()
     gguf = Path(gguf_path)
-    key = f"amx-rows:{threads}:" + (fingerprint(library) if library else "?") + ":" + fingerprint(gguf)
+    key = f"{kind}:" + (fingerprint(library) if library else "?") + ":" + fingerprint(gguf)
 
     def probe() -> dict:
         try:
-            result = _run_child(["amxrows", str(gguf), str(threads)])
+            result = _run_child([command, str(gguf), str(threads)])
         except subprocess.TimeoutExpired:
-            return {"rows": 1, "why": f"the AMX row-invariance probe took over {PROBE_TIMEOUT} s"}
+            return failed(f"took over {PROBE_TIMEOUT} s")
         if result.returncode != 0:
-            return {"rows": 1, "why": f"the AMX row-invariance probe died ({_died(result)})"}
+            return failed(f"died ({_died(result)})")
         return json.loads(result.stdout.strip().splitlines()[-1])
 
     return _cached(key, probe)
