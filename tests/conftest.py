@@ -1,6 +1,7 @@
 """Tiny random-weight models built in the test process (no downloads)."""
 
 from __future__ import annotations
+import os
 
 import pytest
 import torch
@@ -101,12 +102,14 @@ def assert_cache_keeps(engine, prompt, tokens) -> None:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _pass_costs_in_a_temporary_file(tmp_path_factory):
-    """Curves measured on tiny test models go to a file of the test session, not the user's cache."""
-    from specdec import calibration
-
-    path = tmp_path_factory.mktemp("calibration") / "pass-costs.json"
-    original = calibration._cache_file
-    calibration._cache_file = lambda: path
+def _measurements_in_a_temporary_directory(tmp_path_factory):
+    """Curves and probe verdicts measured on tiny test models go to a directory of the test session, not the user's
+    cache: in this process and in the servers and CLIs the tests start (they inherit the environment)."""
+    path = tmp_path_factory.mktemp("measurements")
+    original = os.environ.get("SPECDEC_MEASUREMENTS")
+    os.environ["SPECDEC_MEASUREMENTS"] = str(path)
     yield path
-    calibration._cache_file = original
+    if original is None:
+        os.environ.pop("SPECDEC_MEASUREMENTS", None)
+    else:
+        os.environ["SPECDEC_MEASUREMENTS"] = original

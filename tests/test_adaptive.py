@@ -337,3 +337,27 @@ def test_a_new_request_restarts_exploration_and_halves_old_acceptance():
     policy.begin_request()
     assert sum(policy._reached) == pytest.approx(before / 2)
     assert explores_within(policy, 9)
+
+
+def test_a_plan_learner_drafts_only_for_a_gain_above_its_margin():
+    """A draft that promises 1.05x plain decoding is taken without a margin and not with the plans' 10% margin; one
+    that promises more than 1.1x is taken with it."""
+    from specdec import adaptive
+
+    def policy_at(acceptance_runs):
+        policy = AdaptiveK(1, pass_costs={1: 1.0, 2: 1.5})
+        policy.learn_from_plans()
+        policy.update(0, 0, 0.0, 1.0)  # a plain step measured: the curve's level
+        for accepted in acceptance_runs:
+            policy.observe(0, accepted)
+        return policy
+
+    modest = policy_at([True, True, True, False, False] * 8)  # ~0.6 accepted: (1 + a) / 1.5 ~ 1.05
+    gain = modest.expected_rate(1) / modest.expected_rate(0)
+    assert 1.0 < gain < 1.0 + adaptive.PLAN_MARGIN and modest.margin == adaptive.PLAN_MARGIN
+    assert modest.best_k() == 0
+    modest.margin = 0.0
+    assert modest.best_k() == 1
+    sure = policy_at([True, True, True, True, False] * 8)  # ~0.8: ~1.19x
+    assert sure.expected_rate(1) / sure.expected_rate(0) > 1.0 + adaptive.PLAN_MARGIN
+    assert sure.best_k() == 1

@@ -13,7 +13,7 @@ from specdec.backends.llamacpp_probe import LibraryProbeError, amx_invariant_row
 
 @pytest.fixture()
 def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECDEC_MEASUREMENTS", str(tmp_path / "cache"))
     monkeypatch.delenv("SPECDEC_LLAMACPP_PROBED", raising=False)
     library = tmp_path / "libllama.so"
     library.write_bytes(b"\0" * 16)
@@ -62,7 +62,7 @@ def test_a_child_that_fails_without_a_signal_does_not_condemn_the_library(isolat
 
 def test_a_model_the_child_cannot_load_is_no_verdict_on_amx(tmp_path, monkeypatch):
     pytest.importorskip("llama_cpp")
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECDEC_MEASUREMENTS", str(tmp_path / "cache"))
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"not a gguf file")
     verdict = amx_rows_agree(broken, threads=1)
@@ -109,7 +109,7 @@ def test_a_failed_amx_check_turns_extra_buffers_off_instead_of_crashing(monkeypa
 def test_ctrl_c_during_a_probe_stops_and_condemns_nothing(tmp_path, monkeypatch):
     """Ctrl-C reaches the probing child too (SIGINT to the process group): that is the user stopping, not a
     library that cannot run, and no verdict is cached from it."""
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECDEC_MEASUREMENTS", str(tmp_path / "cache"))
     monkeypatch.delenv("SPECDEC_LLAMACPP_PROBED", raising=False)
     library = tmp_path / "libllama.so"
     library.write_bytes(b"\0" * 16)

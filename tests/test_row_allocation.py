@@ -111,8 +111,8 @@ def test_the_scheduler_drafts_what_the_joint_allocation_chose(monkeypatch):
     calls = []
     real = scheduler.allocate_rows
 
-    def recording(candidates, base_rows, base_tokens, pass_cost):
-        ks = real(candidates, base_rows, base_tokens, pass_cost)
+    def recording(candidates, base_rows, base_tokens, pass_cost, margin):
+        ks = real(candidates, base_rows, base_tokens, pass_cost, margin)
         calls.append((base_rows, ks))
         return ks
 
@@ -138,3 +138,30 @@ def test_the_scheduler_drafts_what_the_joint_allocation_chose(monkeypatch):
     assert sum(history) > 0
     for i, prompt in enumerate(prompts):
         assert outputs[i] == plain_engine(target).generate(prompt, params).tokens
+
+
+def test_a_margin_buys_rows_only_where_the_best_allocation_beats_the_pass_by_it():
+    """With margin m the allocation is the best one when that beats the pass without drafts by the factor 1 + m, and
+    no drafting otherwise; both sides occur in these trials."""
+    rng = random.Random(11)
+    sides = set()
+    for trial in range(300):
+        candidates = [Candidate(falling(rng, rng.randrange(1, 5)), rng.choice([0.0, 0.002]))
+                      for _ in range(rng.randrange(1, 4))]
+        curve = {n: rng.uniform(0.8, 1.2) * (0.06 + 0.01 * n) for n in (1, 2, 3, 4, 6, 8, 12, 16)}
+        cost = lambda n: interpolate_cost(curve, n)  # noqa: E731
+        base_rows, base_tokens = rng.randrange(1, 4), float(rng.randrange(1, 4))
+        best = max(rate(candidates, v, base_rows, base_tokens, cost)
+                   for v in itertools.product(*(range(len(c.gains) + 1) for c in candidates)))
+        plain = base_tokens / cost(base_rows)
+        ks = allocate_rows(candidates, base_rows, base_tokens, cost, margin=0.1)
+        if best > plain * 1.1 * (1 + 1e-9):
+            assert rate(candidates, ks, base_rows, base_tokens, cost) == pytest.approx(best, rel=1e-12), trial
+            sides.add("drafts")
+        elif best < plain * 1.1 * (1 - 1e-9):
+            assert ks == [0] * len(candidates), trial
+            sides.add("plain")
+            if best > plain * (1 + 1e-9):
+                sides.add("plain although drafting gains")
+                assert sum(allocate_rows(candidates, base_rows, base_tokens, cost)) > 0, trial
+    assert sides == {"drafts", "plain", "plain although drafting gains"}

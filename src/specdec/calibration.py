@@ -109,9 +109,9 @@ def machine_ceiling(curve: Mapping[int, float], max_k: int, draft_cost_ratio: fl
 
 
 def _cache_file() -> Path:
-    from .models import cache_dir
+    from .models import measurements_dir
 
-    return cache_dir() / "pass-costs.json"
+    return measurements_dir() / "pass-costs.json"
 
 
 def _calibration_key(backend) -> str | None:
@@ -142,7 +142,7 @@ def cached_pass_costs(backend, sizes: Sequence[int], measure: Callable[[Sequence
     """The backend's curve at `sizes`, measured once per machine, model, library, threads and mode.
 
     The key is backend.calibration_key() (None: nothing cached, always measured). Stored in
-    $SPECDEC_CACHE/pass-costs.json; a cached curve missing some sizes is measured again and replaced.
+    pass-costs.json in $SPECDEC_MEASUREMENTS (default: the model cache); a cached curve missing some sizes is measured again and replaced.
     """
     key = _calibration_key(backend)
     if key is None:

@@ -56,6 +56,14 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def measurements_dir() -> Path:
+    """Where measured facts about this machine are kept (pass-cost curves, llama.cpp probe verdicts):
+    $SPECDEC_MEASUREMENTS, else the model cache. The test suite points it at a directory of its own, which the
+    servers and CLIs it starts inherit, so tiny test models leave nothing in the user's cache."""
+    named = os.environ.get("SPECDEC_MEASUREMENTS")
+    return Path(named) if named else cache_dir()
+
+
 @dataclass(frozen=True)
 class ResolvedModel:
     """Arguments for from_pretrained: a directory or hub id, and optionally a gguf file name and revision."""

@@ -33,11 +33,12 @@ class Candidate:
 
 
 def allocate_rows(candidates: Sequence[Candidate], base_rows: int, base_tokens: float,
-                  pass_cost: Callable[[int], float]) -> list[int]:
+                  pass_cost: Callable[[int], float], margin: float = 0.0) -> list[int]:
     """Draft length per candidate for a pass that already holds `base_rows` rows yielding `base_tokens` tokens.
 
     pass_cost(rows) -> seconds of a target pass of that many rows (the measured curve). Returns k per candidate
-    (each k <= len(gains)); all zero when no number of bought rows beats the pass without drafts.
+    (each k <= len(gains)); all zero when no number of bought rows beats the pass without drafts by the fraction
+    `margin` (the gains are estimates, and the drafts chosen are those whose estimates came out high).
 
     Dinkelbach's method for the ratio: at a rate r, a row is worth gain - r * draft_seconds, which still falls
     along each candidate's rows, so the best rows for every count are the merged largest values; the count that
@@ -49,7 +50,7 @@ def allocate_rows(candidates: Sequence[Candidate], base_rows: int, base_tokens: 
     # Every round reads the same pass costs: each row count's once.
     costs = [pass_cost(base_rows + n) for n in range(sum(len(c.gains) for c in candidates) + 1)]
     best = [0] * len(candidates)
-    best_rate = _rate(float(base_tokens), costs[0])
+    best_rate = _rate(float(base_tokens), costs[0]) * (1 + margin)
     for _ in range(64):  # converges in a few rounds; the bound only guards against float cycling
         ks, rate = _best_at_rate(candidates, base_tokens, costs, best_rate)
         if not rate > best_rate * (1 + 1e-12):

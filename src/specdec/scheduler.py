@@ -451,7 +451,8 @@ class BatchEngine:
             curve = options[joint[0]][1].shared_pass_curve()
             candidates = [Candidate(options[i][1].position_gains(options[i][2]), options[i][1].draft_cost)
                           for i in joint]
-            for i, k in zip(joint, allocate_rows(candidates, rows, tokens, lambda n: interpolate_cost(curve, n))):
+            margin = options[joint[0]][1].margin
+            for i, k in zip(joint, allocate_rows(candidates, rows, tokens, lambda n: interpolate_cost(curve, n), margin)):
                 ks[i] = options[i][1].take_k(k)
         return [(sequence, policy, k) for (sequence, policy, _), k in zip(options, ks)]
 

@@ -557,11 +557,15 @@ class LlamaCppBackend:
         from .llamacpp_probe import fingerprint, library_file
 
         library = library_file()
+        # Not how much memory was collapsed onto huge pages: that varies from load to load (the first load of a
+        # process collapses, a second of the same file often finds nothing left to do), and the policies scale the
+        # curve to the level they measure anyway.
         return " | ".join([cpu_model() or "unknown CPU", fingerprint(library) if library else "?",
-                           fingerprint(self.gguf_path), self.runtime_summary()])
+                           fingerprint(self.gguf_path), self.runtime_summary(collapsed=False)])
 
-    def runtime_summary(self) -> str:
-        """One line: instruction sets, kernels and mode (what `specdec generate` prints)."""
+    def runtime_summary(self, collapsed: bool = True) -> str:
+        """One line: instruction sets, kernels and mode (what `specdec generate` prints); collapsed=False leaves out
+        the memory collapsed onto huge pages at load."""
         isa = [name for name in ISA_FEATURES if self.features.get(name)]
         kernels = ["repacked weights" if self.extra_buffers else "weights as stored (not repacked)"]
         if self.amx:
@@ -569,7 +573,7 @@ class LlamaCppBackend:
         kernels.append(f"flash attention {self.flash_attention}")
         if malloc_uses_huge_pages():
             kernels.append("huge pages (glibc malloc)")
-        elif self.huge_pages and self.huge_pages["bytes"]:
+        elif collapsed and self.huge_pages and self.huge_pages["bytes"]:
             kernels.append(f"{self.huge_pages['bytes'] / 2**30:.1f} GiB collapsed onto huge pages")
         mode = (f"exact (verify rows in slices of {self.invariant_rows})" if self.batch_invariant
                 else "fast (llama.cpp's batched kernels)")

@@ -3,7 +3,7 @@
 A library built natively for one CPU (a wheel from pip's cache, a home directory moved to another
 machine) can die with SIGILL on another, and an AMX build made by a compiler that drops ggml's tile
 configuration faults on the first pass of 2+ rows (native_build.py). Both would kill our process, so
-each is tried first in a child process; the verdict is cached in $SPECDEC_CACHE/llamacpp-probes.json
+each is tried first in a child process; the verdict is cached in $SPECDEC_MEASUREMENTS/llamacpp-probes.json (default: the model cache)
 under the library's path, size and mtime and the CPU's flags, so later runs pay nothing.
 """
 
@@ -56,9 +56,9 @@ def fingerprint(path: Path) -> str:
 
 
 def _cache_file() -> Path:
-    from ..models import cache_dir
+    from ..models import measurements_dir
 
-    return cache_dir() / "llamacpp-probes.json"
+    return measurements_dir() / "llamacpp-probes.json"
 
 
 def _cached(key: str, compute) -> dict:
