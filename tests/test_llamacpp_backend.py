@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -377,3 +378,25 @@ def test_server_serves_the_llama_cpp_backend(target, draft):
         metrics = client.get("/metrics").text
         assert "specdec:spec_decode_num_draft_tokens_total" in metrics
     assert len(expected.tokens) == 10
+
+
+def _mapped(path) -> bool:
+    return any(line.rstrip().endswith(str(path)) for line in open("/proc/self/maps"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_repacked_weights_are_read_into_memory_and_weights_as_stored_stay_mapped(gguf_dir, tmp_path):
+    """With llama.cpp's extra buffers the file is read, not mapped (the mapping only kept the file's pages resident
+    beside the repacked copies); without them the weights are used in place from the mapping (the control)."""
+    import shutil
+
+    model = shutil.copy(gguf_dir["q4_k"], tmp_path / "read.gguf")
+    repacked = LlamaCppBackend(model, max_context=128, threads=1, batch_invariant=False, extra_buffers=True)
+    assert not repacked.weights_mapped and not _mapped(model)
+    stored = LlamaCppBackend(model, max_context=128, threads=1, batch_invariant=False, extra_buffers=False)
+    assert stored.weights_mapped and _mapped(model)
+    stored.close()
+    assert not _mapped(model)
+    cache = repacked.new_cache(128)
+    assert torch.isfinite(repacked.forward([1, 2, 3], cache)).all()
+    repacked.close()
