@@ -1,4 +1,5 @@
-"""In-engine: drafting steps of the default suffix drafter under several decision margins, priced on the engine's own passes."""
+"""In-engine: drafting steps of the default suffix drafter under several decision margins (variants "M" or "M@CARRY",
+CARRY = acceptance evidence kept per new request), priced on the engine's own passes."""
 import json, sys, time, collections, os
 sys.path.insert(0, "/work/main/src")
 from specdec.config import ModelRef, SpecConfig, SamplingParams, adaptive_max_k
@@ -8,7 +9,7 @@ from specdec.scheduler import BatchEngine
 import specdec.adaptive as ad
 from specdec.bench.datasets import load_tasks
 
-cats = sys.argv[1].split(","); first, per = map(int, sys.argv[2].split(":")); margins = [float(x) for x in sys.argv[3].split(",")]
+cats = sys.argv[1].split(","); first, per = map(int, sys.argv[2].split(":")); margins = sys.argv[3].split(",")
 threads = int(os.environ.get("THREADS", "2"))
 rows = [json.loads(l) for l in open("/work/shared/data/spec_bench_dev.jsonl")]
 prompts = []
@@ -22,10 +23,12 @@ params = SamplingParams(max_tokens=128, temperature=0.0)
 K = adaptive_max_k("suffix", False)
 specs = {m: SpecConfig(drafter="suffix", k_policy="adaptive", num_speculative_tokens=K, suffix_cache_tokens=8192 + i)
          for i, m in enumerate(margins)}
-current = {"margin": 0.0, "variant": None, "cat": None}
+current = {"margin": "0", "variant": None, "cat": None}
 orig_best = ad.AdaptiveK.best_k
 def best_k(self):
-    self.margin = current["margin"] if self.learns_from_plans else 0.0
+    if self.learns_from_plans:
+        margin, _, carry = current["margin"].partition("@")
+        self.margin, self.request_carry = float(margin), float(carry or ad.PLAN_CARRY)
     return orig_best(self)
 ad.AdaptiveK.best_k = best_k
 steps = []  # (margin, cat, rows, accepted, seconds)
