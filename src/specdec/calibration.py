@@ -141,8 +141,9 @@ def _write_curves(stored: dict) -> None:
 def cached_pass_costs(backend, sizes: Sequence[int], measure: Callable[[Sequence[int]], dict[int, float]]) -> dict[int, float]:
     """The backend's curve at `sizes`, measured once per machine, model, library, threads and mode.
 
-    The key is backend.calibration_key() (None: nothing cached, always measured). Stored in
-    pass-costs.json in $SPECDEC_MEASUREMENTS (default: the model cache); a cached curve missing some sizes is measured again and replaced.
+    The key is backend.calibration_key() (None: nothing cached, always measured). Stored in pass-costs.json in
+    $SPECDEC_MEASUREMENTS (default: the model cache); a cached curve missing some sizes is measured again and
+    replaced.
     """
     key = _calibration_key(backend)
     if key is None:

@@ -451,8 +451,9 @@ class BatchEngine:
             curve = options[joint[0]][1].shared_pass_curve()
             candidates = [Candidate(options[i][1].position_gains(options[i][2]), options[i][1].draft_cost)
                           for i in joint]
-            margin = options[joint[0]][1].margin
-            for i, k in zip(joint, allocate_rows(candidates, rows, tokens, lambda n: interpolate_cost(curve, n), margin)):
+            margin = options[joint[0]][1].margin  # every allocatable policy learns from plans: PLAN_MARGIN
+            ks_joint = allocate_rows(candidates, rows, tokens, lambda n: interpolate_cost(curve, n), margin)
+            for i, k in zip(joint, ks_joint):
                 ks[i] = options[i][1].take_k(k)
         return [(sequence, policy, k) for (sequence, policy, _), k in zip(options, ks)]
 

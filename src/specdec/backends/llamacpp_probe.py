@@ -3,8 +3,9 @@
 A library built natively for one CPU (a wheel from pip's cache, a home directory moved to another
 machine) can die with SIGILL on another, and an AMX build made by a compiler that drops ggml's tile
 configuration faults on the first pass of 2+ rows (native_build.py). Both would kill our process, so
-each is tried first in a child process; the verdict is cached in $SPECDEC_MEASUREMENTS/llamacpp-probes.json (default: the model cache)
-under the library's path, size and mtime and the CPU's flags, so later runs pay nothing.
+each is tried first in a child process; the verdict is cached in llamacpp-probes.json in
+$SPECDEC_MEASUREMENTS (default: the model cache) under the library's path, size and mtime and the CPU's
+flags, so later runs pay nothing.
 """
 
 from __future__ import annotations
