@@ -54,7 +54,6 @@ the fixed or heuristic policies (greedy output never depends on k).
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 from typing import Mapping
@@ -78,12 +77,6 @@ PLAN_CARRY = 1.0
 # drafting step priced on the engine's own passes): chat drafting saved +16.3 s without the margin, +17.0 s with it
 # (reasoning -0.26 -> +0.05 s, stem -0.08 -> +0.36 s), with 26% fewer drafting steps; code +34.1 -> +34.6 s.
 PLAN_MARGIN = 0.10
-# Carried evidence on trial: a new request keeps the acceptance learnt on earlier ones (PLAN_CARRY), which is right
-# when the content is alike (code edit after code edit) and wrong when it is not (a RAG answer that paraphrases its
-# document, after summaries that copied theirs: 11 drafts, 3 tokens accepted, 0.9 s lost on one bench prompt). So the
-# request's own plan evidence is kept apart too, and once it contradicts the carried pooled rate by a log likelihood
-# ratio above this (20:1), the carried evidence is dropped for the rest of the request. 0 turns the test off.
-PLAN_CONTRADICTION_LLR = 3.0
 
 
 @dataclass
@@ -168,13 +161,6 @@ class AdaptiveK:
         self.request_carry = 0.5  # how much acceptance evidence a new request keeps (begin_request)
         self.doubt = 0.0  # pseudo-rejections per position: evidence must outweigh them before long drafts look sure
         self.margin = 0.0  # a draft must beat plain decoding's expected rate by this fraction (best_k, PLAN_MARGIN)
-        # This request's own plan evidence (decayed like the rest), the carried pooled rate it is tested against (None:
-        # nothing carried, or already dropped), and the log likelihood ratio that drops the carried evidence.
-        self._own_reached = [0.0] * max_k
-        self._own_accepted = [0.0] * max_k
-        self._carried_rate: float | None = None
-        self.contradiction_llr = 0.0
-        self.carried_dropped = 0  # requests whose carried evidence this request's own contradicted (for reports)
 
     # ----- learning -------------------------------------------------------------------------
 
@@ -212,29 +198,14 @@ class AdaptiveK:
         if not self.learns_from_plans:
             self.learns_from_plans = True
             self.plan_decay, self.doubt, self.request_carry = PLAN_DECAY, PLAN_DOUBT, PLAN_CARRY
-            self.margin, self.contradiction_llr = PLAN_MARGIN, PLAN_CONTRADICTION_LLR
+            self.margin = PLAN_MARGIN
 
     def observe(self, position: int, accepted: bool) -> None:
         """One scored plan position (plan_ledger): position reached, and accepted or not. Like update(), a
         position's old evidence fades by `decay` each time new evidence arrives for it."""
         if 0 <= position < self.max_k:
-            hit = 1.0 if accepted else 0.0
             self._reached[position] = self._reached[position] * self.plan_decay + 1.0
-            self._accepted[position] = self._accepted[position] * self.plan_decay + hit
-            self._own_reached[position] = self._own_reached[position] * self.plan_decay + 1.0
-            self._own_accepted[position] = self._own_accepted[position] * self.plan_decay + hit
-            if self._carried_rate is not None and self.contradiction_llr > 0 and self._contradicts_carried():
-                self._reached, self._accepted = list(self._own_reached), list(self._own_accepted)
-                self._carried_rate = None
-                self.carried_dropped += 1
-
-    def _contradicts_carried(self) -> bool:
-        """Whether this request's own evidence (pooled over positions) is contradiction_llr more likely under its own
-        rate than under the carried one (binomial log likelihood ratio, either direction)."""
-        reached, accepted = sum(self._own_reached), sum(self._own_accepted)
-        if reached <= 0:
-            return False
-        return binomial_llr(accepted, reached, self._carried_rate) > self.contradiction_llr
+            self._accepted[position] = self._accepted[position] * self.plan_decay + (1.0 if accepted else 0.0)
 
     # ----- estimates ----------------------------------------------------------------------------
 
@@ -409,11 +380,6 @@ class AdaptiveK:
         carry = self.request_carry if carry is None else carry
         self._reached = [r * carry for r in self._reached]
         self._accepted = [a * carry for a in self._accepted]
-        # Only what a plan learner keeps is tested against the new request's own evidence (observe()).
-        carried = sum(self._reached)
-        self._carried_rate = sum(self._accepted) / carried if carried >= 1.0 and self.learns_from_plans else None
-        self._own_reached = [0.0] * self.max_k
-        self._own_accepted = [0.0] * self.max_k
         self._explore_wait = self.explore_every
         self._since_explore = 0
 
@@ -445,15 +411,4 @@ class AdaptiveK:
         }
 
 
-def binomial_llr(successes: float, trials: float, rate: float) -> float:
-    """log L(own rate) - log L(rate) for `successes` in `trials` Bernoulli observations (counts may be fractional:
-    decayed), own rate = successes / trials; rates are kept within [0.01, 0.99] so that a certainty is never assumed."""
-    if trials <= 0:
-        return 0.0
-    own = min(max(successes / trials, 0.01), 0.99)
-    rate = min(max(rate, 0.01), 0.99)
-    failures = trials - successes
-    return successes * math.log(own / rate) + failures * math.log((1 - own) / (1 - rate))
-
-
-__all__ = ["AdaptiveK", "binomial_llr"]
+__all__ = ["AdaptiveK"]

@@ -1,6 +1,5 @@
-"""In-engine: drafting steps of the default suffix drafter under several decision margins (variants "M", "M@CARRY" or
-"M@CARRY~LLR", CARRY = acceptance evidence kept per new request, LLR = the contradiction test's threshold, 0 = off),
-priced on the engine's own passes."""
+"""In-engine: drafting steps of the default suffix drafter under several decision margins (variants "M" or "M@CARRY",
+CARRY = acceptance evidence kept per new request), priced on the engine's own passes."""
 import json, sys, time, collections, os
 sys.path.insert(0, "/work/main/src")
 from specdec.config import ModelRef, SpecConfig, SamplingParams, adaptive_max_k
@@ -28,10 +27,8 @@ current = {"margin": "0", "variant": None, "cat": None}
 orig_best = ad.AdaptiveK.best_k
 def best_k(self):
     if self.learns_from_plans:
-        margin, _, rest = current["margin"].partition("@")
-        carry, _, llr = rest.partition("~")
+        margin, _, carry = current["margin"].partition("@")
         self.margin, self.request_carry = float(margin), float(carry or ad.PLAN_CARRY)
-        self.contradiction_llr = float(llr or ad.PLAN_CONTRADICTION_LLR)
     return orig_best(self)
 ad.AdaptiveK.best_k = best_k
 steps = []  # (margin, cat, rows, accepted, seconds)
