@@ -20,6 +20,7 @@ from specdec.bench.datasets import (
 )
 from specdec.bench.methods import MethodOptions, resolve_methods
 from specdec.bench.report import category_table, summarise, to_markdown, to_markdown_by_threads
+from specdec.bench.speed_and_length import speed_and_length
 from specdec.cli import main
 from specdec.config import ConfigError
 from specdec.pipeline import SpecDecoder
@@ -244,6 +245,36 @@ def test_per_category_ratios_overall_and_the_worst_category_against_llamacpp_pla
     assert "| task | llamacpp_plain tok/s | plain | adaptive |" in table
     assert "| C | 10.00 | 1.00x | 0.90x |" in table
     assert "| **min over tasks** | | 1.00x (A) | 0.90x (C) |" in table
+
+
+def test_decode_speed_and_answer_length_are_shown_apart_from_tok_s_per_task():
+    """A method whose answer ends at half the length decodes 1.5x faster yet reads 0.83x in tok/s over the same
+    4 s prefill; the section tells the two apart. Controls: a method equal to the reference reads 1.00x / 1.00x,
+    and one missing from a task reads '–' there."""
+    methods, _ = resolve_methods("plain,adaptive,prompt_lookup,llamacpp_plain", MethodOptions(), has_draft_model=True)
+    timings = {"prompt_n": 201, "predicted_n": 100, "predicted_ms": 6000.0}
+    runs = [_run("llamacpp_plain", "A", "A-1", 10.0, prefill=4.0, timings=timings),
+            _run("llamacpp_plain", "B", "B-1", 10.0, prefill=4.0, timings=timings),
+            _run("plain", "A", "A-1", 10.0, prefill=4.0), _run("plain", "B", "B-1", 10.0, prefill=4.0),
+            _run("adaptive", "A", "A-1", 50 / 6.0, tokens=50, prefill=4.0),  # decode 25 tok/s vs 100 / 6
+            _run("adaptive", "B", "B-1", 10.0, prefill=4.0),
+            _run("prompt_lookup", "A", "A-1", 10.0, prefill=4.0)]
+    results = {"config": {"methods": [m.to_dict() for m in methods], "num_prompts": 2, "repeats": 1, "chat": True,
+                          "sampling": {"greedy": True, "max_tokens": 100, "ignore_eos": False}},
+               "environment": {"cpu_count": 2, "torch": "x", "transformers": "y", "torch_threads": 1}, "runs": runs}
+    results["summary"] = summary = summarise(results)
+    assert summary["relative_per_task"]["per_task"]["A"]["adaptive"] == pytest.approx(0.8333, abs=1e-3)
+    table = speed_and_length(summary, "llamacpp_plain", ["plain", "adaptive", "prompt_lookup"])
+    assert table["per_task"]["A"]["adaptive"] == {"decode": pytest.approx(1.5), "length": pytest.approx(0.5)}
+    assert table["per_task"]["B"]["adaptive"] == {"decode": pytest.approx(1.0), "length": pytest.approx(1.0)}
+    assert table["per_task"]["A"]["plain"] == {"decode": pytest.approx(1.0), "length": pytest.approx(1.0)}
+    assert table["per_task"]["B"]["prompt_lookup"] == {"decode": None, "length": None}
+    # Overall: 150 tokens in 4 s of decoding against 200 in 12 s.
+    assert table["overall"]["adaptive"]["decode"] == pytest.approx((150 / 8.0) / (200 / 12.0), abs=1e-3)
+    markdown = to_markdown(results)
+    assert "## Decode speed and answer length per task relative to llamacpp_plain" in markdown
+    assert "| A | 1.00x / 1.00x | 1.50x / 0.50x | 1.00x / 1.00x |" in markdown
+    assert "| B | 1.00x / 1.00x | 1.00x / 1.00x | – / – |" in markdown
 
 
 def test_without_the_llamacpp_peer_the_reference_is_our_plain_and_gaps_are_shown():

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ..metrics import SpecStats, leviathan_speedup
 from .ceiling import ceiling_markdown, ceiling_summary
+from .speed_and_length import speed_and_length_markdown
 from .methods import BASELINES, EXACT_BASELINE, EXACT_PREFIX, PEER_BASELINES
 from .runner import stats_from_raw
 
@@ -638,6 +639,7 @@ def to_markdown(results: dict, title: str = "specdec bench") -> str:
         "",
         category_table(summary),
         "",
+        *speed_and_length_markdown(summary, relative["baseline"], list(relative["overall"])),
         *([
             "## --exact beside the default kernels",
             "",
