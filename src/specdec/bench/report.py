@@ -33,9 +33,9 @@ from pathlib import Path
 
 from ..metrics import SpecStats, leviathan_speedup
 from .ceiling import ceiling_markdown, ceiling_summary
-from .speed_and_length import speed_and_length_markdown
 from .methods import BASELINES, EXACT_BASELINE, EXACT_PREFIX, PEER_BASELINES
 from .runner import stats_from_raw
+from .speed_and_length import speed_and_length_markdown
 
 
 def _merged_stats(runs: list[dict]) -> SpecStats:
