@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .report import format_cell
+from .cells import format_cell
 
 DESCRIPTIONS = {
     "plain": "specdec plain decoding",

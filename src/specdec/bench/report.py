@@ -32,6 +32,7 @@ import math
 from pathlib import Path
 
 from ..metrics import SpecStats, leviathan_speedup
+from .cells import format_cell
 from .ceiling import ceiling_markdown, ceiling_summary
 from .methods import BASELINES, EXACT_BASELINE, EXACT_PREFIX, PEER_BASELINES
 from .runner import stats_from_raw
@@ -346,15 +347,6 @@ def summarise(results: dict) -> dict:
 
 
 # -- markdown -------------------------------------------------------------------------------------------------
-
-def format_cell(value, spec=".2f", suffix="") -> str:
-    """A table cell: "–" for no value, yes/**NO** for a flag, else the number formatted."""
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "yes" if value else "**NO**"
-    return f"{value:{spec}}{suffix}"
-
 
 def _identical_cell(row: dict, near_ties: bool = False) -> str:
     """yes/**NO** (identical/compared) per baseline; near_ties: a difference from plain is a near-tie flip of the

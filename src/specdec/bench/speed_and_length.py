@@ -9,6 +9,8 @@ A ratio is None where either side has no figure.
 
 from __future__ import annotations
 
+from .cells import format_cell
+
 
 def speed_and_length(summary: dict, baseline: str, methods: list[str]) -> dict:
     """{"per_task": {task: {method: {"decode": ratio, "length": ratio}}}, "overall": {...}}, over baseline."""
@@ -39,8 +41,8 @@ def speed_and_length_markdown(summary: dict, baseline: str, methods: list[str]) 
     table = speed_and_length(summary, baseline, methods)
 
     def cells(scope: dict) -> str:
-        return " | ".join(f"{_cell(scope[name]['decode'])} / {_cell(scope[name]['length'])}"
-                          for name in methods)
+        return " | ".join(f"{format_cell(scope[name]['decode'], '.2f', 'x')} / "
+                          f"{format_cell(scope[name]['length'], '.2f', 'x')}" for name in methods)
 
     lines = [f"## Decode speed and answer length per task relative to {baseline}", "",
              (f"Each cell: the method's decode tok/s (without prefill) over `{baseline}`'s in the task / its "
@@ -51,10 +53,6 @@ def speed_and_length_markdown(summary: dict, baseline: str, methods: list[str]) 
     lines += [f"| {task} | {cells(table['per_task'][task])} |" for task in summary["tasks"]]
     lines += [f"| **overall** | {cells(table['overall'])} |", ""]
     return lines
-
-
-def _cell(ratio: float | None) -> str:
-    return "–" if ratio is None else f"{ratio:.2f}x"
 
 
 __all__ = ["speed_and_length", "speed_and_length_markdown"]

@@ -11,9 +11,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..bench.cells import format_cell
 from ..bench.datasets import BenchPrompt
 from ..bench.methods import MethodOptions, resolve_methods
-from ..bench.report import format_cell, write_results
+from ..bench.report import write_results
 from ..bench.runner import BenchConfig, run_bench
 from ..config import SamplingParams
 from ..pipeline import SpecDecoder

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..bench.report import format_cell, write_results
+from ..bench.cells import format_cell
+from ..bench.report import write_results
 from ..config import ModelRef
 from .config_file import write_run_config
 from .ranking import never_drafted
