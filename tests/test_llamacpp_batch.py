@@ -259,3 +259,44 @@ def test_loaders_pass_parallel_to_both_models(models, monkeypatch):
     assert from_json(to_json(ref)) == ref and ModelRef().parallel == 1
     with pytest.raises(ConfigError):
         ModelRef(parallel=0)
+
+
+def test_fast_mode_parks_the_replaced_tail_until_no_prompt_is_written(models):
+    """park_tail removes a cache's tail but keeps its cells taken, so the prompt written next lands in cells of its
+    own; a pass in which every row wants logits (no prompt) frees them; exact mode just trims."""
+    backend = LlamaCppBackend(models["f32"], max_context=256, threads=2, parallel=2, batch_invariant=False)
+    assert backend.kv_unified and backend._parking_seq == backend.max_sequences
+    a, b = backend.new_cache(), backend.new_cache()
+    forward_batch(backend, [BatchRows(PROMPT, a, 0), BatchRows(PROMPT[:30], b, 1)])
+    assert backend.park_tail(a, 30) == 30
+    assert (a.length, _positions(backend, a), backend.parked_cells) == (10, 10, 30)
+    # The parked cells belong to no sequence that reads: a's next rows see only its 10 positions.
+    got = forward_batch(backend, [BatchRows(STEPS[1], a, 4)])[0]
+    fresh = backend.new_cache()
+    backend.forward(PROMPT[:10], fresh, num_logits=0)
+    expected = backend.forward(STEPS[1], fresh, num_logits=4)
+    assert float((got - expected).abs().max()) < 1e-2 * float(expected.abs().max())
+    assert backend.parked_cells == 0  # that pass wrote no prompt (every row wanted logits): the cells were freed
+    a.trim(4), fresh.trim(fresh.length)
+    backend.park_tail(a, 5)
+    forward_batch(backend, [BatchRows(PROMPT[5:25], a, 1), BatchRows([3], b, 1)])  # a prompt is written
+    assert backend.parked_cells == 5
+    forward_batch(backend, [BatchRows([4], a, 1), BatchRows([5], b, 1)])
+    assert backend.parked_cells == 0
+    exact = LlamaCppBackend(models["f32"], max_context=256, threads=2, parallel=2, batch_invariant=True)
+    c = exact.new_cache()
+    exact.forward(PROMPT, c, num_logits=1)
+    assert exact.park_tail(c, 30) == 30 and (c.length, exact.parked_cells) == (10, 0)
+
+
+def test_parked_cells_give_way_when_a_pass_needs_the_room(models):
+    backend = LlamaCppBackend(models["f32"], max_context=256, threads=2, parallel=2, batch_invariant=False)
+    assert backend.kv_cells == 512
+    a, b, c = backend.new_cache(), backend.new_cache(), backend.new_cache()
+    backend.forward([(i * 7) % 280 for i in range(250)], a, num_logits=0)
+    backend.forward([(i * 5) % 280 for i in range(250)], b, num_logits=0)
+    backend.park_tail(a, 200)
+    rows = [(i * 3) % 280 for i in range(200)]
+    assert a.length + b.length + backend.parked_cells + len(rows) > backend.kv_cells  # fits only without them
+    backend.forward(rows, c, num_logits=1)  # a prompt: nothing is freed before the pass, the retry frees them
+    assert (c.length, backend.parked_cells, _positions(backend, c)) == (200, 0, 200)

@@ -563,3 +563,25 @@ def test_llama_cpp_slots_of_one_engine_keep_full_prefixes_in_a_parallel_backend(
     while batch.running:
         assert all(o.error is None for o in batch.step())
     assert [s.stats.num_cached_prompt_tokens for s in again] == [len(p) - 1 for p in follow_ups]
+
+
+def test_claim_parks_the_replaced_tail_on_a_backend_that_can():
+    """The tail a new request replaces goes through the backend's park_tail where it has one (llama.cpp's unified
+    buffer keeps those cells taken while the new prompt is written), else through trim."""
+
+    class Parking:
+        def __init__(self):
+            self.parked = []
+
+        def park_tail(self, cache, n):
+            self.parked.append(n)
+            return cache.trim(n)
+
+    for backend in (Parking(), object()):
+        cache, owner = MarkovCache(64), kvcache.RetainedPrefix()
+        owner.claim(backend, cache, [])
+        cache.tokens += [1, 2, 3, 4, 5]
+        owner.tokens = [1, 2, 3, 4, 5]
+        assert owner.claim(backend, cache, [1, 2, 9]) == 2 and cache.tokens == [1, 2]
+        if isinstance(backend, Parking):
+            assert backend.parked == [0, 3]

@@ -377,3 +377,40 @@ def test_draft_model_drafts_for_all_sequences_in_shared_passes():
         solo_drafter, solo_spec = spec_pieces(target, draft)
         want = SpeculativeEngine(target, solo_drafter, solo_spec).generate(sequence.prompt, params).tokens
         assert tokens[sequence.request_id] == want
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_fast_mode_fits_a_prompt_chunk_and_the_decode_rows_in_one_call(monkeypatch, exact):
+    """Fast mode shortens a prompt chunk by the decode rows beside it, so the pass is one call of batch_size rows
+    (not a full chunk and a second call for a few rows); exact mode keeps whole chunks. Outputs are unchanged."""
+    target = PrefixLM(vocab=12, seed=8, max_context=512)
+    target.batch_size, target.batch_invariant = 16, exact
+    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=3, prefill_chunk=16)
+    runners = [batch.add([1, 2], SamplingParams(max_tokens=60, ignore_eos=True)),
+               batch.add([3], SamplingParams(max_tokens=60, ignore_eos=True))]
+    batch.step()
+    batch.step()
+    passes = []
+    real = scheduler.forward_batch
+
+    def spy(backend, rows):
+        passes.append((sum(len(r.tokens) for r in rows), [len(r.tokens) for r in rows if r.num_logits <= 1 and len(r.tokens) > 1]))
+        return real(backend, rows)
+
+    monkeypatch.setattr(scheduler, "forward_batch", spy)
+    long_prompt = [(i * 7) % 12 for i in range(100)]
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    newcomer = batch.add(long_prompt, params)
+    tokens = []
+    while newcomer.prefilling:
+        tokens += [t for o in batch.step() if o.sequence is newcomer for t in o.tokens]
+    chunks = [c[0] for _, c in passes if c]
+    assert sum(chunks) == 100
+    if exact:
+        assert chunks == [16] * 6 + [4] and max(rows for rows, _ in passes) == 18
+    else:
+        assert chunks == [14] * 7 + [2] and max(rows for rows, _ in passes) == 16
+    while not newcomer.finished:
+        tokens += [t for o in batch.step() if o.sequence is newcomer for t in o.tokens]
+    assert tokens == plain_engine(target).generate(long_prompt, params).tokens
+    assert not any(r.finished for r in runners)

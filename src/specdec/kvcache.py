@@ -98,7 +98,13 @@ class RetainedPrefix:
             self.tokens = []  # not ours, or changed behind our back: its contents are unknown
         self.cache, self.backend = cache, backend
         kept = common_prefix_length(self.tokens, wanted) if reuse else 0
-        cache.trim(cache.length - kept)
+        # The rest is about to be replaced by a prompt: a backend that can keep the freed cells taken while it
+        # is prefilled (llama.cpp's unified buffer: park_tail) places that prompt in cells of its own.
+        park = getattr(backend, "park_tail", None)
+        if park is not None:
+            park(cache, cache.length - kept)
+        else:
+            cache.trim(cache.length - kept)
         del self.tokens[kept:]
         return kept
 

@@ -312,6 +312,7 @@ class BatchEngine:
                 plans.append(_Plan(sequence, rows, decode=True, proposed=proposed, draft=draft, policy=policy))
         if not plans:
             return outputs
+        self._fit_prompt_chunk_in_one_call(plans)
         began = time.perf_counter()
         slice_rows = self._verification_slice_rows(plans)
         try:
@@ -345,6 +346,21 @@ class BatchEngine:
                 self._leave(sequence, "error", clean=False)
                 outputs.append(StepOutput(sequence, [], [], "", "error", exc))
         return outputs
+
+    def _fit_prompt_chunk_in_one_call(self, plans: list["_Plan"]) -> None:
+        """Fast mode: shorten this pass's prompt chunk so that it and the decode rows beside it fill one call of
+        batch_size rows. A full chunk plus decode rows is two llama_decode calls, and the second, of a few rows,
+        reads every weight again (~70-130 ms at 2 threads on the AMX Xeon). Exact mode keeps whole chunks: a
+        prompt's keys and values are exact only when it is cut the same way as alone."""
+        limit = int(getattr(self.target, "batch_size", 0) or 0)
+        if not limit or not plans or plans[0].decode or getattr(self.target, "batch_invariant", False):
+            return
+        prompt = plans[0]
+        excess = sum(len(p.rows.tokens) for p in plans) - limit
+        if excess <= 0 or excess >= len(prompt.rows.tokens):
+            return
+        keep = len(prompt.rows.tokens) - excess
+        prompt.rows = BatchRows(prompt.rows.tokens[:keep], prompt.rows.cache, 0)  # no longer the prompt's last row
 
     def _verification_slice_rows(self, plans: list["_Plan"]) -> int:
         """Rows per slice when a lone greedy verification may stop at its first rejection, else 0.
