@@ -389,14 +389,10 @@ class LlamaCppBackend:
         and one slot has no other streams (there a plain trim keeps the kernels' paths, and rounding, as before).
         """
         n = max(0, min(n, cache.length))
-        if not n or self.batch_invariant or not self.kv_unified or self._parking_seq is None:
-            return cache.trim(n)
-        start = cache.length - n
-        self._llama.llama_memory_seq_cp(self._memory, cache.seq_id, self._parking_seq, start, -1)
-        self._remove_positions(cache.seq_id, start)
-        cache.length = start
-        self.parked_cells += n
-        return n
+        if n and self._parking_seq is not None:  # None unless fast mode, one unified buffer, parallel > 1
+            self._llama.llama_memory_seq_cp(self._memory, cache.seq_id, self._parking_seq, cache.length - n, -1)
+            self.parked_cells += n
+        return cache.trim(n)
 
     def release_parked(self) -> bool:
         """Free the cells `park_tail` kept; True if there were any. forward_batch calls it before a pass in which
