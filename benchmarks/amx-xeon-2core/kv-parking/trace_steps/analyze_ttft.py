@@ -36,5 +36,5 @@ for f in sorted(glob.glob(sys.argv[1] + '.*[0-9]')):
                 break
             i += 1
         print(f"req {rid} plen {plen}: own {own:.2f} other-prompts {other:.2f} decode-only {dec:.2f} | " + " ; ".join(parts))
-    dsteps = [r for r in recs if all(not x[3] for x in r['running']) and len(r['running']) == 4]
+    dsteps = [r for r in recs if all(not x[3] for x in r['running']) and len(r["running"]) == max(len(x["running"]) for x in recs)]
     print('decode-only 4-stream steps', len(dsteps), 'mean dt %.3f mean rows %.1f' % (sum(r['dt'] for r in dsteps) / len(dsteps), sum(r['rows'] for r in dsteps) / len(dsteps)))
