@@ -300,3 +300,86 @@ def test_parked_cells_give_way_when_a_pass_needs_the_room(models):
     assert a.length + b.length + backend.parked_cells + len(rows) > backend.kv_cells  # fits only without them
     backend.forward(rows, c, num_logits=1)  # a prompt: nothing is freed before the pass, the retry frees them
     assert (c.length, backend.parked_cells, _positions(backend, c)) == (200, 0, 200)
+
+
+LONG_PROMPT = [(i * 29 + 3) % 280 for i in range(300)]
+
+
+def _busy_backend(models, apart: bool):
+    """Fast mode, 3 slots: two sequences decoded together (their cells interleave), then a third's long prompt."""
+    backend = LlamaCppBackend(models["f32"], max_context=512, threads=2, parallel=3, batch_invariant=False)
+    if not apart:
+        backend.apart_prefill_rows = 0
+    a, b = backend.new_cache(), backend.new_cache()
+    forward_batch(backend, [BatchRows(COMPANION_PROMPTS[0], a, 1), BatchRows(COMPANION_PROMPTS[2], b, 1)])
+    for step in STEPS:
+        forward_batch(backend, [BatchRows(step, a, len(step)), BatchRows(step[:1], b, 1)])
+    return backend, a, b
+
+
+def test_fast_mode_prefills_long_chunks_apart_and_the_sequence_goes_on_as_if_prefilled_in_place(models):
+    """With several slots in one unified buffer a prompt chunk of apart_prefill_rows or more is prefilled in a
+    context of its own and its KV copied in; the prompt's first-token logits and every later step's logits match
+    the same prompt prefilled in the main buffer (within rounding), beside the same neighbours, whose rows go on
+    in the same calls. Shorter chunks stay in the main buffer."""
+    results = {}
+    for apart in (True, False):
+        backend, a, b = _busy_backend(models, apart)
+        assert backend.apart_prefill_rows == (128 if apart else 0)
+        c = backend.new_cache()
+        got = forward_batch(backend, [BatchRows(LONG_PROMPT[:200], c, 0), BatchRows([5], a, 1), BatchRows([6], b, 1)])
+        assert [len(x) for x in got] == [0, 1, 1] and backend.prefills_apart == (1 if apart else 0)
+        first = forward_batch(backend, [BatchRows(LONG_PROMPT[200:], c, 1), BatchRows([7], a, 1)])[0]  # start > 0
+        assert backend.prefills_apart == (1 if apart else 0)  # 100 rows: below apart_prefill_rows
+        last = forward_batch(backend, [BatchRows(LONG_PROMPT[-13:] * 10, c, 1)])[0]  # apart again, from 300 cells
+        assert backend.prefills_apart == (2 if apart else 0)
+        step = forward_batch(backend, [BatchRows(STEPS[1], c, 4), BatchRows([8], b, 1)])[0]
+        assert (c.length, _positions(backend, c)) == (434, 434)
+        results[apart] = (got[1], first, last, step)
+    for apart_tensor, in_place in zip(results[True], results[False]):
+        scale = float(in_place.abs().max())
+        assert float((apart_tensor - in_place).abs().max()) < 1e-2 * scale
+
+
+def test_a_prefill_apart_leaves_every_cache_as_it_was_on_an_error(models, monkeypatch):
+    backend, a, b = _busy_backend(models, apart=True)
+    c = backend.new_cache()
+    forward_batch(backend, [BatchRows(LONG_PROMPT[:150], c, 0)])
+    assert backend.prefills_apart == 1
+    lengths = (a.length, b.length, c.length)
+    before = forward_batch(backend, [BatchRows([9], c, 1)])[0]
+    c.trim(1)
+    # The main pass after a successful prefill apart fails: the apart rows go too.
+    real = backend._decode_rows
+
+    def failing(rows):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(backend, "_decode_rows", failing)
+    with pytest.raises(RuntimeError, match="boom"):
+        forward_batch(backend, [BatchRows(LONG_PROMPT[150:], c, 1), BatchRows([1], a, 1)])
+    monkeypatch.setattr(backend, "_decode_rows", real)
+    assert (a.length, b.length, c.length) == lengths and _positions(backend, c) == 150
+    # The copy back into the main buffer finds no room: the sequence's earlier cells are put back.
+    writes = []
+    real_write = backend._apart._write
+
+    def no_room_in_main(ctx, data, seq_id):
+        writes.append(ctx is backend._ctx)
+        if ctx is backend._ctx and len(writes) == 2:
+            return False
+        return real_write(ctx, data, seq_id)
+
+    monkeypatch.setattr(backend._apart, "_write", no_room_in_main)
+    with pytest.raises(ContextOverflowError):
+        forward_batch(backend, [BatchRows(LONG_PROMPT[150:], c, 1)])
+    assert writes == [False, True, True]  # into the side context, the failed copy back, the restore
+    assert (a.length, b.length, c.length) == lengths and _positions(backend, c) == 150
+    again = forward_batch(backend, [BatchRows([9], c, 1)])[0]
+    assert float((again - before).abs().max()) < 1e-3 * float(before.abs().max())
+
+
+def test_only_fast_mode_with_several_slots_in_one_buffer_prefills_apart(models):
+    assert LlamaCppBackend(models["f32"], max_context=256, threads=2, parallel=1, batch_invariant=False).apart_prefill_rows == 0
+    assert LlamaCppBackend(models["f32"], max_context=256, threads=2, parallel=2, batch_invariant=True).apart_prefill_rows == 0
+    assert LlamaCppBackend(models["f32"], max_context=256, threads=2, parallel=2, batch_invariant=False).apart_prefill_rows == 128

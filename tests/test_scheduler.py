@@ -379,12 +379,13 @@ def test_draft_model_drafts_for_all_sequences_in_shared_passes():
         assert tokens[sequence.request_id] == want
 
 
-@pytest.mark.parametrize("exact", [False, True])
-def test_fast_mode_fits_a_prompt_chunk_and_the_decode_rows_in_one_call(monkeypatch, exact):
+@pytest.mark.parametrize("exact,apart", [(False, 0), (True, 0), (False, 14)])
+def test_fast_mode_fits_a_prompt_chunk_and_the_decode_rows_in_one_call(monkeypatch, exact, apart):
     """Fast mode shortens a prompt chunk by the decode rows beside it, so the pass is one call of batch_size rows
     (not a full chunk and a second call for a few rows); exact mode keeps whole chunks. Outputs are unchanged."""
     target = PrefixLM(vocab=12, seed=8, max_context=512)
     target.batch_size, target.batch_invariant = 16, exact
+    target.apart_prefill_rows = apart  # chunks this long are prefilled in a context of their own: no fitting
     batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=3, prefill_chunk=16)
     runners = [batch.add([1, 2], SamplingParams(max_tokens=60, ignore_eos=True)),
                batch.add([3], SamplingParams(max_tokens=60, ignore_eos=True))]
@@ -406,7 +407,7 @@ def test_fast_mode_fits_a_prompt_chunk_and_the_decode_rows_in_one_call(monkeypat
         tokens += [t for o in batch.step() if o.sequence is newcomer for t in o.tokens]
     chunks = [c[0] for _, c in passes if c]
     assert sum(chunks) == 100
-    if exact:
+    if exact or apart:
         assert chunks == [16] * 6 + [4] and max(rows for rows, _ in passes) == 18
     else:
         assert chunks == [14] * 7 + [2] and max(rows for rows, _ in passes) == 16
