@@ -32,16 +32,20 @@ def decoder(target_model, draft_model):
 
 
 class HoldAtWidth:
-    """Wraps the worker's BatchEngine: the first step taken with `width` sequences running waits for release."""
+    """Wraps the worker's BatchEngine: no step runs before `start` is set (so every request can arrive first,
+    however slowly the client threads start), and the first step taken with `width` sequences running waits for
+    release."""
 
     def __init__(self, batch, width: int):
         self._batch = batch
         self.width = width
+        self.start = threading.Event()
         self.reached = threading.Event()
         self.release = threading.Event()
         self.widths: list[int] = []
 
     def step(self):
+        assert self.start.wait(20)
         self.widths.append(len(self._batch.running))
         if len(self._batch.running) == self.width and not self.reached.is_set():
             self.reached.set()
@@ -84,6 +88,9 @@ def test_parallel_streams_generate_together_and_each_gets_its_solo_output(decode
     with LiveServer(app) as live:
         before = metric_values(httpx.get(live.url + "/metrics").text)
         calls = [in_thread(lambda p=p: streamed_text(live.url, p)) for p in PROMPTS]
+        wait_until(lambda: len(hold.running) + state.worker.num_waiting == len(PROMPTS), timeout=30,
+                   what="every request admitted or waiting")
+        hold.start.set()
         wait_until(lambda: hold.reached.is_set() and state.worker.num_waiting == 3, timeout=30,
                    what="three requests running together and three waiting")
         running = metric_values(httpx.get(live.url + "/metrics").text)
