@@ -4,11 +4,13 @@ every stop rule, join and leave at step boundaries, and do not stall behind a lo
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import numpy as np
 import pytest
 
 from specdec.adaptive import AdaptiveK, Ewma
+from specdec.backends.llamacpp_backend import LlamaCppBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
 from specdec.engine import SpeculativeEngine, plain_engine
@@ -386,6 +388,7 @@ def test_fast_mode_fits_a_prompt_chunk_and_the_decode_rows_in_one_call(monkeypat
     target = PrefixLM(vocab=12, seed=8, max_context=512)
     target.batch_size, target.batch_invariant = 16, exact
     target.apart_prefill_rows = apart  # chunks this long are prefilled in a context of their own: no fitting
+    target.prefills_apart_chunk = types.MethodType(LlamaCppBackend.prefills_apart_chunk, target)  # the backend's rule
     batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=3, prefill_chunk=16)
     runners = [batch.add([1, 2], SamplingParams(max_tokens=60, ignore_eos=True)),
                batch.add([3], SamplingParams(max_tokens=60, ignore_eos=True))]

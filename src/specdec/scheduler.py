@@ -356,8 +356,8 @@ class BatchEngine:
         if not limit or plans[0].decode or getattr(self.target, "batch_invariant", False):
             return
         prompt = plans[0]
-        apart = int(getattr(self.target, "apart_prefill_rows", 0) or 0)
-        if apart and len(prompt.rows.tokens) >= apart:
+        apart = getattr(self.target, "prefills_apart_chunk", None)
+        if apart is not None and apart(len(prompt.rows.tokens), prompt.rows.num_logits):
             return  # prefilled in a context of its own (backends/apart_prefill.py): the decode rows get a call anyway
         excess = sum(len(p.rows.tokens) for p in plans) - limit
         if excess <= 0 or excess >= len(prompt.rows.tokens):

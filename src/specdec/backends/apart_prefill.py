@@ -25,6 +25,17 @@ from ..kvcache import ContextOverflowError
 SIDE_SEQUENCE = 0
 
 
+def fill_batch(batch, rows: Sequence[tuple[int, int, int, bool]]) -> None:
+    """Write rows (token, position, sequence id, wants logits) into a llama_batch made for at least that many."""
+    for i, (token, pos, seq_id, logits) in enumerate(rows):
+        batch.token[i] = int(token)
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq_id
+        batch.logits[i] = 1 if logits else 0
+    batch.n_tokens = len(rows)
+
+
 class ApartPrefill:
     """Prefills one sequence at a time in a context of its own and hands the result to the main context."""
 
@@ -78,13 +89,8 @@ class ApartPrefill:
         self.calls = 0
         for lo in range(0, len(tokens), self.batch_size):
             hi = min(lo + self.batch_size, len(tokens))
-            for i in range(hi - lo):
-                batch.token[i] = int(tokens[lo + i])
-                batch.pos[i] = start + lo + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = SIDE_SEQUENCE
-                batch.logits[i] = 1 if num_logits and lo + i == len(tokens) - 1 else 0
-            batch.n_tokens = hi - lo
+            fill_batch(batch, [(tokens[j], start + j, SIDE_SEQUENCE, bool(num_logits) and j == len(tokens) - 1)
+                               for j in range(lo, hi)])
             status = llama.llama_decode(self.ctx, batch)
             self.calls += 1
             if status == 1:

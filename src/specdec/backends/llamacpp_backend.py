@@ -73,7 +73,7 @@ import torch
 
 from ..kvcache import ContextOverflowError
 from ..native_build import cmake_args, compiler_family, cpu_flags, cpu_model, library_mismatch, rebuild_command
-from .apart_prefill import ApartPrefill
+from .apart_prefill import ApartPrefill, fill_batch
 from .base import BatchRows, check_batch, forward_rows
 from .hugepages import NewRegions, malloc_uses_huge_pages
 
@@ -461,8 +461,7 @@ class LlamaCppBackend:
                              lambda cache: isinstance(cache, LlamaCppSequence) and cache._backend is self)
         if not entries:
             return []
-        apart = [i for i, (rows, w) in enumerate(zip(entries, wanted))
-                 if self.apart_prefill_rows and w <= 1 and len(rows.tokens) >= self.apart_prefill_rows]
+        apart = [i for i, (rows, w) in enumerate(zip(entries, wanted)) if self.prefills_apart_chunk(len(rows.tokens), w)]
         here = [i for i in range(len(entries)) if i not in apart]
         if self.parked_cells and all(wanted[i] == len(entries[i].tokens) for i in here):
             self.release_parked()  # no prompt is being written here: decode rows fill the freed cells
@@ -513,6 +512,11 @@ class LlamaCppBackend:
                 results.append(torch.from_numpy(np.concatenate(parts) if len(parts) > 1 else parts[0]))
         self._count_pass(sum(len(rows.tokens) for rows in entries), len(entries), len(calls) + apart_calls, began)
         return results
+
+    def prefills_apart_chunk(self, rows: int, num_logits: int) -> bool:
+        """Whether forward_batch prefills an entry of `rows` tokens wanting `num_logits` logits in the context of
+        its own (apart_prefill.py): a prompt chunk (at most its last row's logits) of apart_prefill_rows or more."""
+        return bool(self.apart_prefill_rows) and num_logits <= 1 and rows >= self.apart_prefill_rows
 
     def _batch_calls(self, lengths: Sequence[int], wanted: Sequence[int]) -> list[list[tuple[int, int, int]]]:
         """The llama_decode calls of a flat batch: each a list of (entry, lo, hi) row ranges, in decoding order.
@@ -587,14 +591,7 @@ class LlamaCppBackend:
 
     def _decode_rows(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
         """One llama_decode of rows (token, position, sequence id, wants logits), at most batch_size of them."""
-        batch = self._batch
-        for i, (token, pos, seq_id, logits) in enumerate(rows):
-            batch.token[i] = int(token)
-            batch.pos[i] = pos
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq_id
-            batch.logits[i] = 1 if logits else 0
-        batch.n_tokens = len(rows)
+        fill_batch(self._batch, rows)
         self._submit(len(rows))
 
     def _submit(self, count: int) -> None:
