@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from specdec.adaptive import AdaptiveK
 from specdec.calibration import (
@@ -25,6 +28,69 @@ def test_measure_pass_costs_stops_at_the_cache_capacity(target_backend):
     cache = target_backend.new_cache(40)
     costs = measure_pass_costs(target_backend, sizes=(1, 8, 32), context_tokens=16, repeats=1, warmup=0, cache=cache)
     assert sorted(costs) == [1, 8]  # 16 + 32 rows do not fit in 40
+
+
+class _ClockedBackend:
+    """A backend whose pass of n rows takes n + 1 ticks of a fake clock, 1.5x as long during a slow spell of
+    consecutive passes (a shared VM's neighbour busy for a while)."""
+
+    vocab_size = 100
+    max_context = 1024
+
+    def __init__(self, slow_calls: range):
+        self.now, self.calls, self.slow_calls = 0.0, 0, slow_calls
+
+    def new_cache(self, capacity):
+        class Cache:
+            length = 0
+
+            def trim(self, n):
+                n = max(0, min(n, self.length))
+                self.length -= n
+                return n
+
+        cache = Cache()
+        cache.capacity = capacity
+        return cache
+
+    def forward(self, ids, cache, num_logits=1):
+        self.calls += 1
+        self.now += (len(ids) + 1) * (1.5 if self.calls in self.slow_calls else 1.0)
+        cache.length += len(ids)
+        return torch.zeros(num_logits, self.vocab_size)
+
+
+def test_a_slow_spell_does_not_bend_the_measured_curve(monkeypatch):
+    """Rounds over every size: a spell of slow passes as long as one size's repeats moves no size's median. The
+    negative control measures size by size, as before rounds, and the spell bends the curve there."""
+    import specdec.calibration as calibration
+
+    sizes = (1, 2, 3, 4)
+    truth = {size: size + 1.0 for size in sizes}
+    # calls: 1 prefix pass, then warm-up and timed passes; the spell covers 7 consecutive passes from the 10th
+    backend = _ClockedBackend(slow_calls=range(10, 17))
+    monkeypatch.setattr(calibration, "time", SimpleNamespace(perf_counter=lambda: backend.now))
+    curve = measure_pass_costs(backend, sizes=sizes, context_tokens=8, repeats=5, warmup=2)
+    assert curve == truth
+
+    def size_by_size(backend, sizes, context_tokens, repeats, warmup):
+        cache = backend.new_cache(64)
+        backend.forward(list(range(context_tokens)), cache)
+        costs = {}
+        for size in sizes:
+            times = []
+            for attempt in range(warmup + repeats):
+                began = calibration.time.perf_counter()
+                backend.forward(list(range(size)), cache, num_logits=size)
+                if attempt >= warmup:
+                    times.append(calibration.time.perf_counter() - began)
+                cache.trim(size)
+            costs[size] = calibration.statistics.median(times)
+        return costs
+
+    control = _ClockedBackend(slow_calls=range(10, 17))
+    monkeypatch.setattr(calibration, "time", SimpleNamespace(perf_counter=lambda: control.now))
+    assert size_by_size(control, sizes, 8, 5, 2) != truth
 
 
 def test_interpolation_between_below_and_beyond_the_measured_sizes():
@@ -177,3 +243,19 @@ def test_forget_pass_costs_drops_only_that_backends_curve(tmp_path, monkeypatch)
     cached_pass_costs(busy, (1,), lambda sizes: calls.append(sizes) or {1: 0.03})
     cached_pass_costs(other, (1,), lambda sizes: calls.append(sizes) or {1: 0.03})
     assert calls == [(1,)]  # the forgotten one is measured again, the other still read from the file
+
+
+def test_a_curve_cached_by_an_earlier_way_of_measuring_is_measured_again(tmp_path, monkeypatch):
+    """Curves stored before sizes were measured in rounds (key without MEASUREMENT_VERSION) are not read."""
+    import json
+
+    from specdec import calibration
+
+    monkeypatch.setattr(calibration, "_cache_file", lambda: tmp_path / "pass-costs.json")
+    (tmp_path / "pass-costs.json").write_text(json.dumps({"cpu A": {"1": 9.0, "2": 9.0}}))
+
+    class Backend:
+        def calibration_key(self):
+            return "cpu A"
+
+    assert cached_pass_costs(Backend(), (1, 2), lambda sizes: {s: 0.1 * s for s in sizes}) == {1: 0.1, 2: 0.2}

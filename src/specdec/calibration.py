@@ -56,18 +56,22 @@ def measure_pass_costs(backend, sizes: Sequence[int] = DEFAULT_SIZES, context_to
         if context_tokens:
             backend.forward(ids[:context_tokens], cache, num_logits=1)
         rows = ids[context_tokens:]
-        for size in sizes:
-            if size > limit:
-                break
-            times = []
-            for attempt in range(warmup + repeats):
+        sizes = [size for size in sizes if size <= limit]  # larger ones do not fit after the context
+        times: dict[int, list[float]] = {size: [] for size in sizes}
+        # Rounds over every size, alternating direction, rather than each size's repeats back to back: on a
+        # shared VM a slow spell of a second or two (measured: one-row passes 15% dearer for a while) then
+        # costs each size one sample of its median, instead of moving one size's whole median and with it the
+        # curve's shape, which decides the policy's k (a one-row pass measured 20% too dear made 3-row slices
+        # look like 2.9 passes instead of ~2 and the exact mode stopped drafting).
+        for attempt in range(warmup + repeats):
+            for size in (sizes if attempt % 2 == 0 else sizes[::-1]):
                 began = time.perf_counter()
                 logits = backend.forward(rows[:size], cache, num_logits=size)
                 torch.argmax(logits, dim=-1).tolist()
                 if attempt >= warmup:
-                    times.append(time.perf_counter() - began)
+                    times[size].append(time.perf_counter() - began)
                 cache.trim(size)
-            costs[size] = statistics.median(times)
+        costs = {size: statistics.median(times[size]) for size in sizes if times[size]}
     finally:
         cache.trim(cache.length)
     return costs
@@ -114,9 +118,13 @@ def _cache_file() -> Path:
     return measurements_dir() / "pass-costs.json"
 
 
+MEASUREMENT_VERSION = "rounds"  # how measure_pass_costs samples: curves cached by an earlier way are measured again
+
+
 def _calibration_key(backend) -> str | None:
     key_of = getattr(backend, "calibration_key", None)
-    return key_of() if callable(key_of) else None
+    key = key_of() if callable(key_of) else None
+    return None if key is None else f"{key}|{MEASUREMENT_VERSION}"
 
 
 def _read_curves() -> dict:
