@@ -59,10 +59,11 @@ def measure_pass_costs(backend, sizes: Sequence[int] = DEFAULT_SIZES, context_to
         sizes = [size for size in sizes if size <= limit]  # larger ones do not fit after the context
         times: dict[int, list[float]] = {size: [] for size in sizes}
         # Rounds over every size, alternating direction, rather than each size's repeats back to back: on a
-        # shared VM a slow spell of a second or two (measured: one-row passes 15% dearer for a while) then
-        # costs each size one sample of its median, instead of moving one size's whole median and with it the
-        # curve's shape, which decides the policy's k (a one-row pass measured 20% too dear made 3-row slices
-        # look like 2.9 passes instead of ~2 and the exact mode stopped drafting).
+        # shared VM passes slow down for seconds at a time (one-row passes of 32-55 ms within minutes on the
+        # 2-vCPU EPYC), and such a spell then costs each size one sample of its median, instead of moving one
+        # size's whole median and with it the curve's shape, which decides the policy's k (one exact-mode curve
+        # put a 3-row slice at 2.86 one-row passes, against 1.93-2.73 in four calibrations after it, and that
+        # engine drafted nothing).
         for attempt in range(warmup + repeats):
             for size in (sizes if attempt % 2 == 0 else sizes[::-1]):
                 began = time.perf_counter()
