@@ -51,7 +51,6 @@ def measure_pass_costs(backend, sizes: Sequence[int] = DEFAULT_SIZES, context_to
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, embeddable_ids(backend), (context_tokens + max(sizes),), generator=generator).tolist()
     cache.trim(cache.length)
-    costs: dict[int, float] = {}
     try:
         if context_tokens:
             backend.forward(ids[:context_tokens], cache, num_logits=1)
@@ -72,7 +71,7 @@ def measure_pass_costs(backend, sizes: Sequence[int] = DEFAULT_SIZES, context_to
                 if attempt >= warmup:
                     times[size].append(time.perf_counter() - began)
                 cache.trim(size)
-        costs = {size: statistics.median(times[size]) for size in sizes if times[size]}
+        costs: dict[int, float] = {size: statistics.median(times[size]) for size in sizes if times[size]}
     finally:
         cache.trim(cache.length)
     return costs
