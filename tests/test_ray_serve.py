@@ -232,7 +232,8 @@ def pair(tmp_path_factory):
 
 def _args_for(pair, port):
     target, draft = pair
-    return _serve_args(str(target), "--draft", str(draft), "--threads", "1", "--exact", "--max-context",
+    # One slot per replica (not the llama.cpp default of 4): the tests queue a request behind a running one.
+    return _serve_args(str(target), "--draft", str(draft), "--threads", "1", "--exact", "--parallel", "1", "--max-context",
                        str(MAX_CONTEXT), "--port", str(port), "--api-key", "sekret", "--served-model-name", "tiny",
                        "--replicas", "2", "--replica-cpus", "0.5", "--log-level", "warning")
 

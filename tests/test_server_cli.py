@@ -328,3 +328,40 @@ def test_worker_runs_up_to_parallel_jobs_together_first_come_first_served():
     for i, (text, reason) in enumerate(results):
         assert text == f" t{i + 1}" * (3 + i % 4) and reason == "length"
     assert all(job.first_token_at is not None for job in jobs)
+
+
+# --------------------------------------------------------------------------------------------- --parallel default
+
+
+def _serve(*argv):
+    return cli.build_parser().parse_args(["serve", *argv])
+
+
+def test_parallel_defaults_to_llama_servers_slot_count_on_llamacpp_and_one_on_torch(tmp_path, monkeypatch):
+    from specdec import models
+    from specdec.server.cli import AUTO_PARALLEL, _limits_from_args, resolved_parallel
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"")  # resolve() only needs the file to exist; nothing is loaded
+    monkeypatch.setattr(models, "_require_llama_cpp", lambda: None)  # llama.cpp available
+    args = _serve(str(gguf))
+    assert args.parallel is None and AUTO_PARALLEL == 4
+    assert _limits_from_args(args).parallel == AUTO_PARALLEL and args.parallel == AUTO_PARALLEL
+    assert resolved_parallel(_serve(str(gguf), "--backend", "torch")) == 1
+    assert resolved_parallel(_serve(str(gguf), "--device", "cuda")) == 1
+    assert resolved_parallel(_serve(str(gguf), "--parallel", "2")) == 2  # given: kept as given
+    assert resolved_parallel(_serve(str(tmp_path / "missing.gguf"))) == 1  # the load will say what is wrong
+
+    def unavailable():
+        raise models.ModelLoadError("no llama-cpp-python")
+
+    monkeypatch.setattr(models, "_require_llama_cpp", unavailable)
+    assert resolved_parallel(_serve(str(gguf))) == 1  # a GGUF that falls back to torch
+
+
+def test_parallel_below_one_is_refused_before_the_model_is_looked_at(monkeypatch):
+    from specdec.server import cli as server_cli
+
+    monkeypatch.setattr(server_cli, "resolved_parallel", lambda args: pytest.fail("resolved before the checks"))
+    with pytest.raises(cli.UserError, match="--parallel must be at least 1"):
+        server_cli._limits_from_args(_serve("m.gguf", "--parallel", "0"))

@@ -72,7 +72,9 @@ def scaling_from_args(args: argparse.Namespace):
         raise UserError(f"--replicas ({args.replicas}) is less than --min-replicas ({low})")
     if (low is not None or high is not None) and max(low or 0, high or 0, args.replicas or 0) < 1:
         raise UserError("autoscaling needs --max-replicas (or --replicas) of at least 1")
-    parallel = args.parallel
+    from .cli import resolved_parallel
+
+    parallel = resolved_parallel(args)
     target = args.target_ongoing_requests if args.target_ongoing_requests is not None else float(parallel)
     if not 0 < target < math.inf:
         raise UserError(f"--target-ongoing-requests must be positive, got {target:g}")
