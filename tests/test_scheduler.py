@@ -418,3 +418,57 @@ def test_fast_mode_fits_a_prompt_chunk_and_the_decode_rows_in_one_call(monkeypat
         tokens += [t for o in batch.step() if o.sequence is newcomer for t in o.tokens]
     assert tokens == plain_engine(target).generate(long_prompt, params).tokens
     assert not any(r.finished for r in runners)
+
+
+def test_a_prompts_last_chunk_prefilled_apart_goes_ahead_of_the_decoding_streams():
+    """A last prompt chunk that the backend prefills in a context of its own runs in a step of its own (its first
+    token out after the chunk alone), the decoding streams' pass in the next step, which takes no prompt chunk;
+    earlier chunks, short last chunks and steps with nobody decoding are as before. Outputs are unchanged."""
+    target = PrefixLM(vocab=12, seed=8, max_context=512)
+    target.batch_size, target.batch_invariant = 16, False
+    target.apart_prefill_rows = 10
+    target.prefills_apart_chunk = types.MethodType(LlamaCppBackend.prefills_apart_chunk, target)
+    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=4, prefill_chunk=16)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    runners = [batch.add([1, 2], params), batch.add([3], params)]
+    tokens = {s.request_id: [] for s in runners}
+
+    def step():
+        out = batch.step()
+        for o in out:
+            tokens.setdefault(o.sequence.request_id, []).extend(o.tokens)
+        return {o.sequence.request_id for o in out}
+
+    step()
+    step()
+    long_prompt = [(i * 5) % 12 for i in range(28)]  # chunks of 16 and 12 rows: both prefilled apart
+    waiting = [(i * 3) % 12 for i in range(11)]  # one chunk of 11 rows (shorter: first), apart: goes ahead too
+    newcomer = batch.add(long_prompt, params)
+    assert step() == {r.request_id for r in runners}  # the first chunk (not the last) beside the streams
+    assert newcomer.prefilled == 16
+    later = batch.add(waiting, params)
+    assert later.prefilling
+    assert step() == {later.request_id}  # shortest first: its only chunk, alone; the first token comes out
+    assert newcomer.prefilled == 16 and not later.prefilling
+    assert step() == {r.request_id for r in runners} | {later.request_id}  # the streams' pass, no prompt chunk
+    assert newcomer.prefilled == 16
+    assert step() == {newcomer.request_id}  # its last chunk, alone
+    assert step() == {r.request_id for r in runners} | {later.request_id, newcomer.request_id}
+    while batch.running:
+        step()
+    for sequence in (*runners, newcomer, later):
+        assert tokens[sequence.request_id] == plain_engine(target).generate(sequence.prompt, params).tokens
+
+
+def test_a_short_last_chunk_still_shares_the_streams_pass():
+    """Negative control: a last chunk below apart_prefill_rows shares the pass (one call) and its step."""
+    target = PrefixLM(vocab=12, seed=8, max_context=512)
+    target.batch_size, target.batch_invariant = 16, False
+    target.apart_prefill_rows = 14
+    target.prefills_apart_chunk = types.MethodType(LlamaCppBackend.prefills_apart_chunk, target)
+    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=3, prefill_chunk=16)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    runner = batch.add([1, 2], params)
+    batch.step()
+    newcomer = batch.add([(i * 5) % 12 for i in range(12)], params)
+    assert {o.sequence.request_id for o in batch.step()} == {runner.request_id, newcomer.request_id}

@@ -105,7 +105,8 @@ class BatchEngine:
     target pass; `abort` ends one between steps. A prompt is prefilled in chunks of at most prefill_chunk tokens
     per step, so a new request does not stall the running streams for its whole length, and the pass that
     prefills its last chunk gives its first token (llama-server and vLLM do the same). One prompt's chunk per
-    pass, the shortest remaining prompt first (see _prefill_plans). Draft rows are priced at what they add to this
+    pass, the shortest remaining prompt first (see _prefill_plans); a last chunk prefilled in a context of its own
+    runs in a step of its own, ahead of the decoding streams' pass (_first_token_goes_ahead). Draft rows are priced at what they add to this
     step's pass (load-aware): chosen together for the sequences whose policies learn from plans (row_allocation),
     by each policy alone for the others (AdaptiveK.other_rows).
     """
@@ -129,6 +130,7 @@ class BatchEngine:
         self.last_pass_rows = 0
         self.shared_pass_costs: dict[int, Ewma] = {}  # rows -> seconds of decode-only passes of 2+ sequences
         self.last_sequence: RunningSequence | None = None  # the latest admitted (its stats: SpeculativeEngine.last_stats)
+        self._decoders_next = False  # a prompt's last chunk went ahead of the decoding streams: they run next step
         self._ids = itertools.count()
 
     # -- configuration ------------------------------------------------------------------------------------
@@ -294,9 +296,13 @@ class BatchEngine:
         if not self.running:
             return []
         outputs: list[StepOutput] = []
-        plans = self._prefill_plans()
+        decoding = [s for s in self.running if not s.prefilling]
+        plans = [] if self._decoders_next and decoding else self._prefill_plans()
+        self._decoders_next = False
+        if plans and decoding and self._first_token_goes_ahead(plans[0]):
+            decoding, self._decoders_next = [], True
         prefill_rows = sum(len(p.rows.tokens) for p in plans)
-        chosen = self._choose_drafts([s for s in self.running if not s.prefilling], prefill_rows, outputs)
+        chosen = self._choose_drafts(decoding, prefill_rows, outputs)
         for group in self._drafting_groups(chosen):
             try:
                 drafts = self._draft(group)
@@ -346,6 +352,19 @@ class BatchEngine:
                 self._leave(sequence, "error", clean=False)
                 outputs.append(StepOutput(sequence, [], [], "", "error", exc))
         return outputs
+
+    def _first_token_goes_ahead(self, prompt: _Plan) -> bool:
+        """Whether this prompt chunk runs alone, the decoding streams' pass in the next step (which then takes no
+        prompt chunk): when it ends its prompt and is prefilled in a context of its own (apart_prefill.py).
+
+        Such a chunk and the streams' rows are two llama_decode calls anyway; in one step the first token would
+        wait for the streams' pass too (0.25 s for seven streams on the 2-vCPU EPYC, 2 threads). In two steps,
+        chunk then streams, the same passes run in the same order of cost, the first token comes out after the
+        chunk, and the streams' tokens come out when they did (after both)."""
+        apart = getattr(self.target, "prefills_apart_chunk", None)
+        rows = prompt.rows
+        return (not prompt.decode and rows.num_logits == 1 and apart is not None
+                and bool(apart(len(rows.tokens), rows.num_logits)))
 
     def _fit_prompt_chunk_in_one_call(self, plans: list["_Plan"]) -> None:
         """Fast mode: shorten this pass's prompt chunk so that it and the decode rows beside it fill one call of
