@@ -10,6 +10,7 @@ import torch
 from specdec.adaptive import AdaptiveK
 from specdec.calibration import (
     cached_pass_costs,
+    cost_table,
     interpolate_cost,
     machine_ceiling,
     marginal_row_costs,
@@ -103,6 +104,52 @@ def test_interpolation_between_below_and_beyond_the_measured_sizes():
     assert marginal_row_costs(curve)[8] == pytest.approx(3.2)
     with pytest.raises(ValueError):
         interpolate_cost({}, 3)
+
+
+def test_cost_table_is_interpolate_cost_at_every_size():
+    import random
+
+    rng = random.Random(0)
+    curves = [{1: 1.0}, {1: 1.0, 8: 0.5}, {1: 1.0, 4: 1.6, 8: 3.2},
+              {1: 33.9, 2: 57.2, 3: 76.1, 4: 92.1, 5: 117.7, 8: 237.1, 9: 238.7, 16: 264.5, 17: 303.1, 32: 437.0}]
+    for _ in range(30):
+        sizes = rng.sample(range(1, 70), rng.randrange(2, 12))
+        curves.append({s: rng.uniform(0.1, 5.0) for s in sizes})
+    for curve in curves:
+        ascending = list(range(0, 80))
+        shuffled = ascending[:]
+        rng.shuffle(shuffled)
+        for sizes in (ascending, shuffled, [5, 3, 9, 2, 40]):
+            assert cost_table(curve, sizes) == [interpolate_cost(curve, s) for s in sizes]
+    with pytest.raises(ValueError):
+        cost_table({}, [1])
+
+
+def test_rates_table_equals_pricing_each_k_on_its_own():
+    """The policy's one-pass rate table (one level, one sorted curve) gives what verify_cost gives k by k: alone
+    with measured sizes, on the curve, and beside other rows on the shared curve."""
+    curve = {1: 0.0339, 2: 0.0572, 3: 0.0761, 4: 0.0921, 8: 0.2371, 16: 0.2645, 32: 0.437, 33: 0.4837}
+    for other_rows, measured in ((0, {}), (0, {1: 0.036, 3: 0.08}), (7, {1: 0.036}), (12, {2: 0.06})):
+        policy = AdaptiveK(max_k=32, pass_costs=curve)
+        for size, seconds in measured.items():
+            for _ in range(3):
+                policy.update(size - 1, size - 1, 1e-4 * (size - 1), seconds)
+        policy.other_rows, policy.other_tokens = other_rows, float(other_rows)
+        if other_rows:
+            policy.shared_pass_costs = {other_rows + 1: SimpleNamespace(value=0.25, count=3)}
+        rates = policy.acceptance_per_pos()
+        level = policy._curve_level()
+        shared = policy.other_tokens if other_rows else 0.0
+        want = []
+        for k in range(policy.max_k + 1):
+            cost = k * policy.draft_cost + policy.verify_cost(k + 1, level)
+            want.append((shared + policy.expected_tokens(k, rates)) / cost)
+        assert policy._rates() == pytest.approx(want, rel=1e-12)
+    no_curve = AdaptiveK(max_k=8)
+    no_curve.update(0, 0, 0.0, 0.03)
+    no_curve.update(3, 2, 3e-4, 0.05)
+    assert no_curve._rates() == pytest.approx(
+        [(no_curve.expected_tokens(k)) / (k * no_curve.draft_cost + no_curve.verify_cost(k + 1)) for k in range(9)])
 
 
 def _feed_perfect_drafts(policy, curve, steps=40, draft_cost=1e-4):

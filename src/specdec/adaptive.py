@@ -58,7 +58,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Mapping
 
-from .calibration import interpolate_cost
+from .calibration import cost_table, interpolate_cost
 
 # Plan-scored acceptance (plan_ledger.py). Evidence arrives at every step, drafted or not, so it can fade slower
 # than a drafted step's (0.95: the last ~20 plans) and outlive the request (a new request used to halve it so
@@ -322,17 +322,34 @@ class AdaptiveK:
         """expected_rate(k) for every k in [0, max_k], in one pass (E[tokens | k] accumulated, the curve's
         level computed once): the policy decides every step, so this stays linear in max_k."""
         rates = self.acceptance_per_pos() if rates is None else rates
-        level = self._curve_level() if self.pass_costs else None
         shared = self.other_tokens if self.other_rows > 0 and self.pass_costs else 0.0
+        verify = self._verify_costs()
+        draft_cost = self.draft_cost
         out: list[float] = []
         expected, survive = 1.0, 1.0
         for k in range(self.max_k + 1):
             if k:
                 survive *= rates[k - 1]
                 expected += survive
-            cost = k * self.draft_cost + self.verify_cost(k + 1, level)
+            cost = k * draft_cost + verify[k]
             out.append((shared + expected) / cost if cost > 0 else float("inf"))
         return out
+
+    def _verify_costs(self) -> list[float]:
+        """verify_cost(k + 1) for every k in [0, max_k], with the curve's level, the shared curve and its sort done
+        once (verify_cost alone redoes them for each size: 33 times a step at k up to 32)."""
+        sizes = range(1, self.max_k + 2)
+        if not self.pass_costs:
+            return [self.verify_cost(size) for size in sizes]
+        level = self._curve_level()
+        if self.other_rows > 0:
+            return cost_table(self.shared_pass_curve(level), [self.other_rows + size for size in sizes])
+        table = cost_table(self.pass_costs, sizes)
+        costs = []
+        for size, interpolated in zip(sizes, table):
+            seen = self._verify.get(size)
+            costs.append(seen.value if seen is not None and seen.count > 0 else interpolated * level)
+        return costs
 
     def best_k(self) -> int:
         """argmax_k expected_rate(k) over [0, max_k] (ties go to the smaller k); a k >= 1 must also beat plain

@@ -96,6 +96,38 @@ def interpolate_cost(curve: Mapping[int, float], size: int) -> float:
     return max(t1, t1 + (t1 - t0) / (s1 - s0) * (size - s1))
 
 
+def cost_table(curve: Mapping[int, float], sizes: Sequence[int]) -> list[float]:
+    """interpolate_cost(curve, size) for each size, the curve sorted once: a policy prices every k each step."""
+    if not curve:
+        raise ValueError("an empty cost curve")
+    points = sorted(curve.items())
+    if len(points) == 1:
+        return [points[0][1]] * len(sizes)
+    (s_last0, t_last0), (s_last1, t_last1) = points[-2], points[-1]
+    tail_slope = (t_last1 - t_last0) / (s_last1 - s_last0)
+    out: list[float] = []
+    segment = 0
+    previous = None
+    for size in sizes:
+        if size in curve:
+            out.append(curve[size])
+            continue
+        if size <= points[0][0]:
+            out.append(points[0][1])
+            continue
+        if size >= s_last1:
+            out.append(max(t_last1, t_last1 + tail_slope * (size - s_last1)))
+            continue
+        if previous is None or size < previous:
+            segment = 0  # sizes are usually increasing: walk on from the last segment, else start over
+        while points[segment + 1][0] < size:
+            segment += 1
+        (s0, t0), (s1, t1) = points[segment], points[segment + 1]
+        out.append(t0 + (t1 - t0) * (size - s0) / (s1 - s0))
+        previous = size
+    return out
+
+
 def machine_ceiling(curve: Mapping[int, float], max_k: int, draft_cost_ratio: float = 0.0) -> tuple[float, int]:
     """What a drafter whose every token is accepted would buy here: (speedup over plain decoding, its k).
 
