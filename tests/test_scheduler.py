@@ -420,15 +420,21 @@ def test_fast_mode_fits_a_prompt_chunk_and_the_decode_rows_in_one_call(monkeypat
     assert not any(r.finished for r in runners)
 
 
+def _fast_engine_prefilling_apart(apart_rows: int, max_running: int):
+    """A fast-mode engine of 16-row prompt chunks whose target prefills chunks of apart_rows or more apart (the
+    llama.cpp backend's rule), without a drafter."""
+    target = PrefixLM(vocab=12, seed=8, max_context=512)
+    target.batch_size, target.batch_invariant = 16, False
+    target.apart_prefill_rows = apart_rows
+    target.prefills_apart_chunk = types.MethodType(LlamaCppBackend.prefills_apart_chunk, target)
+    return target, BatchEngine(target, None, SpecConfig(drafter="none"), max_running=max_running, prefill_chunk=16)
+
+
 def test_a_prompts_last_chunk_prefilled_apart_goes_ahead_of_the_decoding_streams():
     """A last prompt chunk that the backend prefills in a context of its own runs in a step of its own (its first
     token out after the chunk alone), the decoding streams' pass in the next step, which takes no prompt chunk;
     earlier chunks, short last chunks and steps with nobody decoding are as before. Outputs are unchanged."""
-    target = PrefixLM(vocab=12, seed=8, max_context=512)
-    target.batch_size, target.batch_invariant = 16, False
-    target.apart_prefill_rows = 10
-    target.prefills_apart_chunk = types.MethodType(LlamaCppBackend.prefills_apart_chunk, target)
-    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=4, prefill_chunk=16)
+    target, batch = _fast_engine_prefilling_apart(apart_rows=10, max_running=4)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     runners = [batch.add([1, 2], params), batch.add([3], params)]
     tokens = {s.request_id: [] for s in runners}
@@ -462,11 +468,7 @@ def test_a_prompts_last_chunk_prefilled_apart_goes_ahead_of_the_decoding_streams
 
 def test_a_short_last_chunk_still_shares_the_streams_pass():
     """Negative control: a last chunk below apart_prefill_rows shares the pass (one call) and its step."""
-    target = PrefixLM(vocab=12, seed=8, max_context=512)
-    target.batch_size, target.batch_invariant = 16, False
-    target.apart_prefill_rows = 14
-    target.prefills_apart_chunk = types.MethodType(LlamaCppBackend.prefills_apart_chunk, target)
-    batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=3, prefill_chunk=16)
+    target, batch = _fast_engine_prefilling_apart(apart_rows=14, max_running=3)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     runner = batch.add([1, 2], params)
     batch.step()
