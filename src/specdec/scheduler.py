@@ -106,9 +106,9 @@ class BatchEngine:
     per step, so a new request does not stall the running streams for its whole length, and the pass that
     prefills its last chunk gives its first token (llama-server and vLLM do the same). One prompt's chunk per
     pass, the shortest remaining prompt first (see _prefill_plans); a last chunk prefilled in a context of its own
-    runs in a step of its own, ahead of the decoding streams' pass (_first_token_goes_ahead). Draft rows are priced at what they add to this
-    step's pass (load-aware): chosen together for the sequences whose policies learn from plans (row_allocation),
-    by each policy alone for the others (AdaptiveK.other_rows).
+    runs in a step of its own, ahead of the decoding streams' pass (_first_token_goes_ahead). Draft rows are priced
+    at what they add to this step's pass (load-aware): chosen together for the sequences whose policies learn from
+    plans (row_allocation), by each policy alone for the others (AdaptiveK.other_rows).
     """
 
     def __init__(self, target, drafter: Drafter | None = None, spec: SpecConfig | None = None,

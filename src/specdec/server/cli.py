@@ -12,7 +12,7 @@ import sys
 
 # Slots when --parallel is not given and the target runs on llama.cpp: llama-server's automatic count (-np -1).
 # Measured on the 2-vCPU AVX-512 EPYC, one client, 30 chat and code prompts (benchmarks/epyc-2core): 4 slots ran
-# as fast as 1 (19.2 vs 17.6 tok/s in the same run) for 290 MiB more memory (KV room for four).
+# as fast as 1 (19.2 vs 17.6 tok/s in the same run) for 287 MiB more memory (KV room for four).
 AUTO_PARALLEL = 4
 
 
@@ -160,9 +160,9 @@ def run_serve(args: argparse.Namespace) -> int:
                             http=header_deadline_protocol(limits.read_timeout))
     server = GracefulServer(config, drain=lambda: app.state.specdec.drain(args.shutdown_grace))
     server_box.append(server)
-    print(f"specdec serve: loading {ref.target} (draft: {ref.draft or 'none'}), {args.parallel} request"
-          f"{'s' if args.parallel > 1 else ''} generated together (--parallel); listening on http://{args.host}:{args.port} (/health is 503 until the models are ready)",
-          file=sys.stderr)
+    together = f"{args.parallel} request{'s' if args.parallel > 1 else ''} generated together (--parallel)"
+    print(f"specdec serve: loading {ref.target} (draft: {ref.draft or 'none'}), {together}; listening on "
+          f"http://{args.host}:{args.port} (/health is 503 until the models are ready)", file=sys.stderr)
     if args.api_key is None and not is_loopback(args.host):
         print(f"specdec serve: warning: {args.host} is reachable from other machines and no --api-key is set",
               file=sys.stderr)
