@@ -359,6 +359,18 @@ def test_parallel_defaults_to_llama_servers_slot_count_on_llamacpp_and_one_on_to
     assert resolved_parallel(_serve(str(gguf))) == 1  # a GGUF that falls back to torch
 
 
+def test_the_parallel_default_does_not_assemble_the_packaged_model_before_the_server_listens(monkeypatch):
+    """The packaged default is a GGUF file: deciding the slot count never assembles it (the background load does,
+    while /health says loading)."""
+    from specdec import models
+    from specdec.server.cli import AUTO_PARALLEL, resolved_parallel
+
+    monkeypatch.setattr(models, "_require_llama_cpp", lambda: None)
+    monkeypatch.setattr(models, "assemble_packaged", lambda name: pytest.fail("assembled before listening"))
+    assert resolved_parallel(_serve()) == AUTO_PARALLEL
+    assert resolved_parallel(_serve("--backend", "torch")) == 1
+
+
 def test_parallel_below_one_is_refused_before_the_model_is_looked_at(monkeypatch):
     from specdec.server import cli as server_cli
 

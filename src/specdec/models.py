@@ -168,6 +168,15 @@ def choose_backend(requested: str, resolved: ResolvedModel, device: str = "auto"
     return "llama.cpp"
 
 
+def backend_for(reference: str, requested: str = "auto", device: str = "auto") -> str:
+    """The runtime load_backend would choose for `reference`, without assembling a packaged default (it is a GGUF
+    file): a server decides its slot count from this before it starts listening, and loads in the background."""
+    if reference in DEFAULT_MODELS:
+        label = DEFAULT_MODELS[reference].label
+        return choose_backend(requested, ResolvedModel("", f"{label}.gguf", label=label), device)
+    return choose_backend(requested, resolve(reference), device)
+
+
 def _require_llama_cpp() -> None:
     from .backends.llamacpp_backend import LlamaCppUnavailable, llama_cpp_module
 

@@ -23,11 +23,11 @@ def resolved_parallel(args: argparse.Namespace) -> int:
     if args.parallel is None:
         from ..cli_common import model_ref_from_args
         from ..config import ConfigError
-        from ..models import ModelLoadError, choose_backend, resolve
+        from ..models import ModelLoadError, backend_for
 
         try:
             ref = model_ref_from_args(args)
-            backend = choose_backend(ref.backend, resolve(ref.target), ref.device)
+            backend = backend_for(ref.target, ref.backend, ref.device)
         except (ConfigError, ModelLoadError, OSError, ValueError):
             backend = None  # the load says what is wrong with the model; one slot until then
         args.parallel = AUTO_PARALLEL if backend == "llama.cpp" else 1
