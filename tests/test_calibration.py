@@ -106,6 +106,21 @@ def test_interpolation_between_below_and_beyond_the_measured_sizes():
         interpolate_cost({}, 3)
 
 
+def _interpolated(curve, size):
+    """An independent statement of the rule: flat below the first size, straight between measured sizes, along the
+    last two points' slope beyond the last (never below its cost)."""
+    points = sorted(curve.items())
+    if size <= points[0][0]:
+        return points[0][1]
+    for (s0, t0), (s1, t1) in zip(points, points[1:]):
+        if s0 <= size <= s1:
+            return t0 + (t1 - t0) * (size - s0) / (s1 - s0)
+    if len(points) == 1:
+        return points[-1][1]
+    (s0, t0), (s1, t1) = points[-2], points[-1]
+    return max(t1, t1 + (t1 - t0) / (s1 - s0) * (size - s1))
+
+
 def test_cost_table_is_interpolate_cost_at_every_size():
     import random
 
@@ -121,6 +136,7 @@ def test_cost_table_is_interpolate_cost_at_every_size():
         rng.shuffle(shuffled)
         for sizes in (ascending, shuffled, [5, 3, 9, 2, 40]):
             assert cost_table(curve, sizes) == [interpolate_cost(curve, s) for s in sizes]
+            assert cost_table(curve, sizes) == pytest.approx([_interpolated(curve, s) for s in sizes], rel=1e-12)
     with pytest.raises(ValueError):
         cost_table({}, [1])
 

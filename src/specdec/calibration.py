@@ -80,24 +80,12 @@ def measure_pass_costs(backend, sizes: Sequence[int] = DEFAULT_SIZES, context_to
 def interpolate_cost(curve: Mapping[int, float], size: int) -> float:
     """The curve's cost at `size`: piecewise linear between measured sizes, flat below the smallest, and
     beyond the largest along the slope of the last two points (never cheaper than the largest)."""
-    if not curve:
-        raise ValueError("an empty cost curve")
-    points = sorted(curve.items())
-    if size in curve:
-        return curve[size]
-    if size <= points[0][0]:
-        return points[0][1]
-    for (s0, t0), (s1, t1) in zip(points, points[1:]):
-        if s0 <= size <= s1:
-            return t0 + (t1 - t0) * (size - s0) / (s1 - s0)
-    if len(points) == 1:
-        return points[-1][1]
-    (s0, t0), (s1, t1) = points[-2], points[-1]
-    return max(t1, t1 + (t1 - t0) / (s1 - s0) * (size - s1))
+    return cost_table(curve, [size])[0]
 
 
 def cost_table(curve: Mapping[int, float], sizes: Sequence[int]) -> list[float]:
-    """interpolate_cost(curve, size) for each size, the curve sorted once: a policy prices every k each step."""
+    """interpolate_cost(curve, size) for each size (the rule lives here), the curve sorted once: a policy prices
+    every k each step."""
     if not curve:
         raise ValueError("an empty cost curve")
     points = sorted(curve.items())
