@@ -55,6 +55,7 @@ def test_the_allocation_is_the_best_of_all_allocations():
         best = max(rate(candidates, v, base_rows, base_tokens, cost)
                    for v in itertools.product(*(range(len(c.gains) + 1) for c in candidates)))
         assert rate(candidates, ks, base_rows, base_tokens, cost) == pytest.approx(best, rel=1e-12), trial
+        assert allocate_rows(candidates, base_rows, base_tokens, curve) == ks  # the curve itself, sorted once
 
 
 def test_eight_sequences_buy_sixteen_rows_where_one_at_a_time_buys_none():

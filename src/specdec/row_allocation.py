@@ -19,8 +19,10 @@ sequences; see allocate_rows). Ties go to fewer rows.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+from .calibration import cost_table
 
 
 @dataclass(frozen=True)
@@ -33,10 +35,11 @@ class Candidate:
 
 
 def allocate_rows(candidates: Sequence[Candidate], base_rows: int, base_tokens: float,
-                  pass_cost: Callable[[int], float], margin: float = 0.0) -> list[int]:
+                  pass_cost: Callable[[int], float] | Mapping[int, float], margin: float = 0.0) -> list[int]:
     """Draft length per candidate for a pass that already holds `base_rows` rows yielding `base_tokens` tokens.
 
-    pass_cost(rows) -> seconds of a target pass of that many rows (the measured curve). Returns k per candidate
+    pass_cost(rows) -> seconds of a target pass of that many rows, or the measured curve itself ({rows: seconds},
+    interpolated as calibration.interpolate_cost does, sorted once for every row count). Returns k per candidate
     (each k <= len(gains)); all zero when no number of bought rows beats the pass without drafts by the fraction
     `margin` (the gains are estimates, and the drafts chosen are those whose estimates came out high).
 
@@ -48,7 +51,8 @@ def allocate_rows(candidates: Sequence[Candidate], base_rows: int, base_tokens: 
     if any(g < 0 for c in candidates for g in c.gains):
         raise ValueError("a draft row's gain is an expected token count: never negative")
     # Every round reads the same pass costs: each row count's once.
-    costs = [pass_cost(base_rows + n) for n in range(sum(len(c.gains) for c in candidates) + 1)]
+    sizes = [base_rows + n for n in range(sum(len(c.gains) for c in candidates) + 1)]
+    costs = cost_table(pass_cost, sizes) if isinstance(pass_cost, Mapping) else [pass_cost(n) for n in sizes]
     best = [0] * len(candidates)
     best_rate = _rate(float(base_tokens), costs[0]) * (1 + margin)
     for _ in range(64):  # converges in a few rounds; the bound only guards against float cycling

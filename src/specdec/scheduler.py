@@ -14,7 +14,6 @@ import torch
 
 from .backends.base import BatchRows, forward_batch
 from .adaptive import Ewma
-from .calibration import interpolate_cost
 from .config import SamplingParams, SpecConfig
 from .drafters.base import Draft, Drafter
 from .kvcache import ContextOverflowError, RetainedPrefix, common_prefix_length
@@ -490,7 +489,7 @@ class BatchEngine:
             candidates = [Candidate(options[i][1].position_gains(options[i][2]), options[i][1].draft_cost)
                           for i in joint]
             margin = options[joint[0]][1].margin  # every allocatable policy learns from plans: PLAN_MARGIN
-            ks_joint = allocate_rows(candidates, rows, tokens, lambda n: interpolate_cost(curve, n), margin)
+            ks_joint = allocate_rows(candidates, rows, tokens, curve, margin)
             for i, k in zip(joint, ks_joint):
                 ks[i] = options[i][1].take_k(k)
         return [(sequence, policy, k) for (sequence, policy, _), k in zip(options, ks)]
