@@ -68,3 +68,37 @@ def test_the_run_records_the_curve_its_policies_read():
 
     assert _curve_ms(Calibrated()) == {"1": 10.0, "2": 12.0}
     assert _curve_ms(object()) is None
+
+
+def test_copy_bound_per_task_from_the_runs_outputs_and_the_share_of_it_reached():
+    results = _results()
+    results["config"]["methods"][1]["spec"] = {"drafter": "suffix"}
+    # code_edit: the answer (9 tokens) is the prompt: its 8 decoded tokens cost least in two passes of 4 rows
+    # (2 x 14 ms; 5 + 3 rows would cost 15.5 + 13) against 8 x 10 ms. chat: nothing of its answer stands before it.
+    results["outputs"] = {
+        "code_edit/a": {"prompt_ids": list(range(9)), "plain_tokens": list(range(9))},
+        "chat/b": {"prompt_ids": [50, 51], "plain_tokens": [60, 61, 62]},
+    }
+    summary = ceiling_summary(results, _scope(), {"code_edit": _scope(25.0), "chat": _scope(10.0)})
+    edit = summary["per_task"]["code_edit"]["suffix_adaptive"]
+    assert edit["copy_bound"] == pytest.approx(80 / 28, abs=1e-4)
+    assert edit["copy_bound_share_of_ceiling"] == pytest.approx((80 / 28) / (50 / 15.5), abs=1e-4)
+    assert edit["share_of_copy_bound"] == pytest.approx(2.5 / (80 / 28), abs=1e-3)
+    chat = summary["per_task"]["chat"]["suffix_adaptive"]
+    assert chat["copy_bound"] == 1.0 and "share_of_copy_bound" not in chat
+    # Over all: total plain cost over total copy cost (80 + 20) / (28 + 20).
+    assert summary["overall"]["suffix_adaptive"]["copy_bound"] == pytest.approx(100 / 48, abs=1e-4)
+    assert "copy_bound" not in summary["overall"]["llamacpp_ngram"]  # not our copying drafter
+    text = "\n".join(ceiling_markdown(summary, ["code_edit", "chat"]))
+    assert "| suffix_adaptive | 2.08x (65%) / 96% | 2.86x (89%) / 88% | 1.00x (31%) / – |" in text
+
+
+def test_a_later_prompt_copies_from_an_earlier_output_as_the_cross_request_cache_holds_it():
+    results = _results()
+    results["config"]["methods"][1]["spec"] = {"drafter": "suffix"}
+    answer = list(range(100, 109))
+    results["outputs"] = {"t/1": {"prompt_ids": [1], "plain_tokens": answer},
+                          "t/2": {"prompt_ids": [2], "plain_tokens": answer}}
+    summary = ceiling_summary(results, _scope(), {"t": _scope()})
+    # The first answer is new (8 x 10 ms); the second repeats it: 2 passes of 4 rows (28 ms).
+    assert summary["per_task"]["t"]["suffix_adaptive"]["copy_bound"] == pytest.approx(160 / 108, abs=1e-4)

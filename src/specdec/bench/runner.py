@@ -372,6 +372,7 @@ class BenchRunner:
                 if repeat == 0 and "plain" in tokens_by_method:
                     outputs[f"{prompt.task}/{prompt.id}"] = {
                         "prompt_tokens": len(ids),
+                        "prompt_ids": list(ids),  # with plain_tokens: the copy bound (bench/ceiling.py)
                         "plain_text": _decode(self.decoder, tokens_by_method["plain"]),
                         "plain_tokens": tokens_by_method["plain"],
                     }
