@@ -50,6 +50,45 @@ def test_a_span_does_not_cross_from_one_source_into_another():
     assert copyable_lengths([], [1, 2, 3, 4], 4, history) == [2, 1, 2, 1]
 
 
+def _chained_by_search(prompt, output, max_len, overlap, history=()):
+    """Independent statement of chaining: spans out[s:e], each occurring in a source at its start s, the next
+    starting inside the last with at least `overlap` of its tokens before the last one's end."""
+    n = len(output)
+    plain = _copyable_by_search(prompt, output, n, history)
+
+    @lru_cache(maxsize=None)
+    def reach(i):
+        best = plain[i]
+        for end in range(i + overlap + 1, i + plain[i] + 1):
+            for start in range(i + 1, end - overlap + 1):
+                best = max(best, start - i + reach(start))
+        return best
+
+    return [min(max_len, n - i, reach(i)) for i in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_chained_copyable_lengths_equal_a_brute_force_search(seed):
+    rng = random.Random(50 + seed)
+    # Two copies of a text in the prompt that share a stretch, so chaining through it reaches further.
+    a, b, shared = ([rng.randrange(9) for _ in range(5)] for _ in range(3))
+    tail_a, tail_b = [rng.randrange(9) for _ in range(3)], [rng.randrange(9) for _ in range(4)]
+    prompt = a + shared + tail_a + [99] + [rng.randrange(9) for _ in range(2)] + shared + tail_b
+    output = a + shared + tail_b + [rng.randrange(9) for _ in range(rng.randrange(0, 4))]
+    overlap, max_len = rng.choice([2, 3, 4]), rng.choice([6, 12, 30])
+    lengths = copyable_lengths(prompt, output, max_len, chain_overlap=overlap)
+    assert lengths == _chained_by_search(prompt, output, max_len, overlap)
+    assert all(c >= p for c, p in zip(lengths, copyable_lengths(prompt, output, max_len)))
+
+
+def test_chaining_reaches_past_the_first_span_only_through_a_long_enough_overlap():
+    prompt = [1, 2, 3, 4, 5, 6, 90, 4, 5, 6, 7, 8]
+    output = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert copyable_lengths(prompt, output, 10)[0] == 6  # "1 .. 6" from the prompt's start
+    assert copyable_lengths(prompt, output, 10, chain_overlap=3)[0] == 8  # "4 5 6" joins the second copy
+    assert copyable_lengths(prompt, output, 10, chain_overlap=4)[0] == 6  # the shared stretch is only 3 long
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_copyable_lengths_equal_a_brute_force_search(seed):
     rng = random.Random(seed)

@@ -19,10 +19,14 @@ from .calibration import cost_table
 
 
 def copyable_lengths(prompt: Sequence[int], output: Sequence[int], max_len: int,
-                     history: Sequence[Sequence[int]] = ()) -> list[int]:
+                     history: Sequence[Sequence[int]] = (), chain_overlap: int | None = None) -> list[int]:
     """For each i, the longest L <= max_len such that output[i:i + L] occurs, whole, inside one source:
     prompt + output[:i] (the request's own context at that point) or one of the earlier outputs in history.
-    A span never crosses from one source into another, nor past the end of the context at position i."""
+    A span never crosses from one source into another, nor past the end of the context at position i.
+
+    chain_overlap: also count spans chained where the next one begins chain_overlap tokens before the last one
+    ends (the suffix drafter continues a draft by matching its last depth / 2 tokens again, SuffixDrafter._plan),
+    each span checked against the context at its own start: a relaxation, so the bound stays an upper bound."""
     output = list(output)
     n = len(output)
     if max_len <= 0 or n == 0:
@@ -52,6 +56,14 @@ def copyable_lengths(prompt: Sequence[int], output: Sequence[int], max_len: int,
         lengths.append(best)
         context.append(output[i])
         context_at[output[i]].append(len(context) - 1)
+    if chain_overlap:
+        # A next span may begin anywhere in the current one that leaves chain_overlap tokens before its end; those
+        # positions come later, so their (chained) lengths are final when position i is reached.
+        for i in range(n - 1, -1, -1):
+            cap = min(max_len, n - i)
+            if chain_overlap < lengths[i] < cap:
+                reach = max(r - i + lengths[r] for r in range(i + 1, i + lengths[i] - chain_overlap + 1))
+                lengths[i] = min(cap, max(lengths[i], reach))
     return lengths
 
 
@@ -88,10 +100,10 @@ def cheapest_decode_cost(copyable: Sequence[int], curve: Mapping[int, float], ma
 
 
 def copy_bound(prompt: Sequence[int], output: Sequence[int], curve: Mapping[int, float], max_k: int,
-               history: Sequence[Sequence[int]] = ()) -> dict:
+               history: Sequence[Sequence[int]] = (), chain_overlap: int | None = None) -> dict:
     """The copy bound of one output: plain decoding's decode cost (one one-row pass per token after the first),
     the cheapest copying drafter's, and their ratio (decode-time speedup), in the curve's units."""
-    copyable = copyable_lengths(prompt, output, max_k, history)
+    copyable = copyable_lengths(prompt, output, max_k, history, chain_overlap)
     cost, passes = cheapest_decode_cost(copyable, curve, max_k)
     decoded = max(0, len(output) - 1)
     plain = decoded * cost_table(curve, [1])[0]

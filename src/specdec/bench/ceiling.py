@@ -9,8 +9,8 @@ below 1 only when drafts are accepted, above when rejected rows are paid for).
 
 The copy bound (copy_bound.py) of a method whose drafter copies from its context (suffix, prompt lookup) is the
 most a drafter that only copies spans could buy on the same texts: plain decoding's outputs, the prompts' ids as
-run, earlier prompts' outputs as the cross-request cache (the suffix drafter's bound on it), at the method's
-maximum k on its curve. It says how much of the ceiling the text leaves to copying (copy bound / ceiling), and
+run, earlier prompts' outputs as the cross-request cache (the suffix drafter's bound on it), spans chained where
+the suffix drafter chains them (through suffix_depth / 2 shared tokens), at the method's maximum k on its curve. It says how much of the ceiling the text leaves to copying (copy bound / ceiling), and
 how much of that the method found (reached / copy bound).
 """
 
@@ -42,13 +42,14 @@ class _CopyBounds:
         if not curve:
             return by_task
         history: list[list[int]] = []  # earlier outputs, newest last, at most the cross-request cache's tokens
-        budget = SpecConfig().suffix_cache_tokens
+        defaults = SpecConfig()
+        budget, chain = defaults.suffix_cache_tokens, defaults.suffix_depth // 2
         for key, output in (self.results.get("outputs") or {}).items():
             tokens = output.get("plain_tokens")
             if not tokens:
                 continue
             if output.get("prompt_ids") is not None:
-                bound = copy_bound(output["prompt_ids"], tokens, curve, max_k, history)
+                bound = copy_bound(output["prompt_ids"], tokens, curve, max_k, history, chain)
                 by_task.setdefault(key.split("/", 1)[0], []).append(bound)
             history.append(list(tokens))
             while sum(len(h) for h in history) > budget:
