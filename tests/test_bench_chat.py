@@ -404,3 +404,37 @@ def test_a_second_turn_runs_on_the_conversation_with_plain_decodings_answer(tmp_
 def test_second_turns_need_the_plain_method(tmp_path):
     with pytest.raises(ValueError, match="plain method"):
         _two_turn_run(tmp_path, "suffix_adaptive")
+
+
+def test_per_task_paired_intervals_say_whether_a_low_ratio_is_inside_the_noise():
+    """Task A: three prompts at 0.9x, 1.0x and 1.1x of llama-server (geometric mean 0.997x, an interval around 1);
+    task B: three at 0.80x, 0.81x, 0.79x (a loss the run shows: the interval's top is below 1). Computed here from
+    the Student-t quantile t(0.975, 2) = 4.3027 on the log ratios, independently of intervals.py."""
+    import math
+
+    from specdec.bench.paired import paired_intervals, paired_markdown
+
+    ratios = {"A": [0.9, 1.0, 1.1], "B": [0.80, 0.81, 0.79]}
+    runs = []
+    for task, values in ratios.items():
+        for n, ratio in enumerate(values):
+            runs += [_run("llamacpp_plain", task, f"{task}{n}", 10.0), _run("adaptive", task, f"{task}{n}", 10.0 * ratio)]
+    intervals = paired_intervals(runs, "llamacpp_plain", ["adaptive", "llamacpp_plain"], ["A", "B"])
+    assert list(intervals["overall"]) == ["adaptive"]
+    for task, values in ratios.items():
+        logs = [math.log(v) for v in values]
+        mean = sum(logs) / 3
+        half = 4.302653 * math.sqrt(sum((x - mean) ** 2 for x in logs) / 2) / math.sqrt(3)
+        entry = intervals["per_task"][task]["adaptive"]
+        assert entry["estimate"] == pytest.approx(math.exp(mean), abs=1e-4) and entry["pairs"] == 3
+        assert entry["low"] == pytest.approx(math.exp(mean - half), abs=1e-4)
+        assert entry["high"] == pytest.approx(math.exp(mean + half), abs=1e-4)
+    assert intervals["per_task"]["A"]["adaptive"]["low"] < 1 < intervals["per_task"]["A"]["adaptive"]["high"]
+    assert intervals["per_task"]["B"]["adaptive"]["high"] < 1
+    assert intervals["overall"]["adaptive"]["pairs"] == 6
+    one = paired_intervals(runs[:2], "llamacpp_plain", ["adaptive"], ["A"])  # one pair: no interval
+    assert one["per_task"]["A"]["adaptive"] is None
+    text = "\n".join(paired_markdown(intervals, "llamacpp_plain"))
+    b = intervals["per_task"]["B"]["adaptive"]
+    assert f"| B | {b['estimate']:.2f}x [{b['low']:.2f}, {b['high']:.2f}] |" in text
+    assert "| **all prompts** |" in text and "95% interval" in text
