@@ -10,8 +10,9 @@ below 1 only when drafts are accepted, above when rejected rows are paid for).
 The copy bound (copy_bound.py) of a method whose drafter copies from its context (suffix, prompt lookup) is the
 most a drafter that only copies spans could buy on the same texts: plain decoding's outputs, the prompts' ids as
 run, earlier prompts' outputs as the cross-request cache (the suffix drafter's bound on it), spans chained where
-the suffix drafter chains them (through suffix_depth / 2 shared tokens), at the method's maximum k on its curve. It says how much of the ceiling the text leaves to copying (copy bound / ceiling), and
-how much of that the method found (reached / copy bound).
+the suffix drafter chains them (through suffix_depth / 2 shared tokens), at the method's maximum k on its curve.
+It says how much of the ceiling the text leaves to copying (copy bound / ceiling), and how much of that the
+method found (reached / copy bound).
 """
 
 from __future__ import annotations

@@ -206,14 +206,19 @@ def _scope_summary(methods: list[dict], runs: list[dict]) -> dict:
     return table
 
 
+def reference_method(overall: dict) -> str:
+    """What the per-task ratios are taken over: llama.cpp's plain decoding when it ran (what a user would otherwise
+    run), else ours."""
+    return "llamacpp_plain" if "llamacpp_plain" in overall else "plain"
+
+
 def relative_per_task(overall: dict, per_task: dict, tasks: list[str]) -> dict:
     """Each method's tokens/s over the reference's, per task and overall, and its worst task.
 
-    The reference is llama.cpp's plain decoding when it ran (what a user would otherwise run), else ours. A
-    task where either has no runs gets None and is left out of the minimum; `tasks_measured` says how many
-    tasks the minimum covers.
+    The reference is reference_method(overall). A task where either has no runs gets None and is left out of
+    the minimum; `tasks_measured` says how many tasks the minimum covers.
     """
-    baseline = "llamacpp_plain" if "llamacpp_plain" in overall else "plain"
+    baseline = reference_method(overall)
     key = "speedup" if baseline == "plain" else f"speedup_vs_{baseline}"
     methods = [name for name in overall if name != baseline]
     table = {task: {name: per_task[task].get(name, {}).get(key) for name in methods} for task in tasks}
@@ -316,8 +321,7 @@ def summarise(results: dict) -> dict:
         "tasks": tasks,
         "ceiling": ceiling_summary(results, overall, per_task),
         "relative_per_task": relative_per_task(overall, per_task, tasks),
-        "paired_intervals": paired_intervals(runs, "llamacpp_plain" if "llamacpp_plain" in overall else "plain",
-                                             list(overall), tasks),
+        "paired_intervals": paired_intervals(runs, reference_method(overall), list(overall), tasks),
         "exact_vs_default": exact_vs_default(overall, per_task, tasks),
         "greedy_differences": greedy_differences(results),
         "definitions": {
@@ -807,6 +811,6 @@ def write_results_by_threads(by_threads: dict, out_dir: str | Path, plot: bool =
 
 __all__ = [
     "category_table", "difference_lines", "exact_table", "exact_threads_table", "exact_vs_default",
-    "greedy_differences", "method_table", "position_table", "relative_per_task", "summarise", "task_table",
-    "threads_table", "to_markdown", "to_markdown_by_threads", "write_results", "write_results_by_threads",
+    "greedy_differences", "method_table", "position_table", "reference_method", "relative_per_task", "summarise",
+    "task_table", "threads_table", "to_markdown", "to_markdown_by_threads", "write_results", "write_results_by_threads",
 ]
