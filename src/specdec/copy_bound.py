@@ -24,9 +24,10 @@ def copyable_lengths(prompt: Sequence[int], output: Sequence[int], max_len: int,
     prompt + output[:i] (the request's own context at that point) or one of the earlier outputs in history.
     A span never crosses from one source into another, nor past the end of the context at position i.
 
-    chain_overlap: also count spans chained where the next one begins chain_overlap tokens before the last one
-    ends (the suffix drafter continues a draft by matching its last depth / 2 tokens again, SuffixDrafter._plan),
-    each span checked against the context at its own start: a relaxation, so the bound stays an upper bound."""
+    chain_overlap: also count spans chained where the next one begins at least chain_overlap tokens before the
+    last one ends (the suffix drafter continues a draft by matching its last depth / 2 tokens again,
+    SuffixDrafter._plan), each span checked against the context at its own start, which holds more than the
+    drafter's: a relaxation, so the bound stays an upper bound."""
     output = list(output)
     n = len(output)
     if max_len <= 0 or n == 0:
