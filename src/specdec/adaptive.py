@@ -253,16 +253,12 @@ class AdaptiveK:
         yields tokens faster than the pass already does: more drafting where rows are nearly free (a GPU's
         flat curve), none where every row costs a full one (a compute-bound CPU).
         """
-        if level is None and self.pass_costs:
-            level = self._curve_level()
-        if self.other_rows > 0 and self.pass_costs:
-            return interpolate_cost(self.shared_pass_curve(level), self.other_rows + size)
+        if self.pass_costs:
+            return self._curve_costs([size], self._curve_level() if level is None else level)[0]
         seen = self._verify.get(size)
         if seen is not None and seen.count > 0:
             return seen.value
         points = [(s, e.value) for s, e in self._verify.items() if e.count > 0]
-        if self.pass_costs:
-            return interpolate_cost(self.pass_costs, size) * level
         if not points:
             return 1.0  # no measurement yet: only ratios matter, and k=prior until measured
         points.sort()
@@ -338,15 +334,19 @@ class AdaptiveK:
     def _verify_costs(self) -> list[float]:
         """verify_cost(k + 1) for every k in [0, max_k], with the curve's level, the shared curve and its sort done
         once (verify_cost alone redoes them for each size: 33 times a step at k up to 32)."""
-        sizes = range(1, self.max_k + 2)
+        sizes = list(range(1, self.max_k + 2))
         if not self.pass_costs:
             return [self.verify_cost(size) for size in sizes]
-        level = self._curve_level()
+        return self._curve_costs(sizes, self._curve_level())
+
+    def _curve_costs(self, sizes: list[int], level: float) -> list[float]:
+        """With a measured curve, verify_cost of each size (the one rule; verify_cost and _verify_costs read it):
+        the whole shared pass beside other sequences' rows, else the size's own timing where this engine has one,
+        else the curve at the engine's level. The curve is sorted once for all sizes (cost_table)."""
         if self.other_rows > 0:
             return cost_table(self.shared_pass_curve(level), [self.other_rows + size for size in sizes])
-        table = cost_table(self.pass_costs, sizes)
         costs = []
-        for size, interpolated in zip(sizes, table):
+        for size, interpolated in zip(sizes, cost_table(self.pass_costs, sizes)):
             seen = self._verify.get(size)
             costs.append(seen.value if seen is not None and seen.count > 0 else interpolated * level)
         return costs

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from .calibration import cost_table
+from .calibration import cost_table, interpolate_cost
 
 
 def copyable_lengths(prompt: Sequence[int], output: Sequence[int], max_len: int,
@@ -107,7 +107,7 @@ def copy_bound(prompt: Sequence[int], output: Sequence[int], curve: Mapping[int,
     copyable = copyable_lengths(prompt, output, max_k, history, chain_overlap)
     cost, passes = cheapest_decode_cost(copyable, curve, max_k)
     decoded = max(0, len(output) - 1)
-    plain = decoded * cost_table(curve, [1])[0]
+    plain = decoded * interpolate_cost(curve, 1)
     return {"tokens": decoded, "plain_cost": plain, "copy_cost": cost, "passes": passes,
             "copyable_tokens": sum(1 for length in copyable[1:] if length),
             "speedup": plain / cost if cost else 1.0}
