@@ -438,3 +438,39 @@ def test_per_task_paired_intervals_say_whether_a_low_ratio_is_inside_the_noise()
     b = intervals["per_task"]["B"]["adaptive"]
     assert f"| B | {b['estimate']:.2f}x [{b['low']:.2f}, {b['high']:.2f}] |" in text
     assert "| **all prompts** |" in text and "95% interval" in text
+
+
+def test_noise_floor_measures_identical_work_and_what_a_task_can_resolve():
+    """plain and llama-server plain with the same tokens are an A/A pair: two tasks whose log ratios sit at their means
+    -0.02, 0, +0.02 give a pooled within-task standard deviation of exactly 0.02; a task of 3 resolves
+    expm1(t(0.975, 2) * 0.02 / sqrt 3), all 6 prompts expm1(t(0.975, 5) * 0.02 / sqrt 6); +-3% takes 5 prompts
+    (t(0.975, 3) = 3.182446 gives 3.2%, t(0.975, 4) = 2.776445 gives 2.5%). Student-t values from tables. A turn whose
+    tokens differed (negative control: a ratio of 2) is not identical work and must be left out."""
+    import math
+
+    from specdec.bench.paired import noise_floor, noise_floor_markdown
+
+    runs = []
+    for task, centre in (("A", 1.0), ("B", 1.05)):
+        for n, step in enumerate((-0.02, 0.0, 0.02)):
+            reference = _run("llamacpp_plain", task, f"{task}{n}", 10.0)
+            reference["identical_to_plain"] = True
+            runs += [reference, _run("plain", task, f"{task}{n}", 10.0 * centre * math.exp(step))]
+    differed = _run("llamacpp_plain", "A", "A9", 10.0)
+    differed["identical_to_plain"] = False
+    runs += [differed, _run("plain", "A", "A9", 20.0)]
+    floor = noise_floor(runs, "llamacpp_plain", ["A", "B"])
+    assert floor["turns"] == 6 and floor["of"] == 7 and floor["pair"] == ["plain", "llamacpp_plain"]
+    assert floor["sd_log"] == pytest.approx(0.02, abs=1e-9)
+    assert floor["per_task"]["A"] == {"prompts": 3, "half_width": pytest.approx(math.expm1(4.302653 * 0.02 / math.sqrt(3)), abs=1e-5)}
+    assert floor["all_half_width"] == pytest.approx(math.expm1(2.570582 * 0.02 / math.sqrt(6)), abs=1e-5)
+    assert floor["prompts_for_bar"] == 5
+    one_task = 0.5 * (1 + math.erf(-math.log(0.97) / (0.02 / math.sqrt(3)) / math.sqrt(2)))
+    assert floor["chance_all_clear_bar"] == pytest.approx(one_task ** 2, abs=1e-9)
+    text = noise_floor_markdown(floor)[0]
+    assert "6 of 7 prompts" in text and "standard deviation 2.0%" in text and "takes 5 prompts per task" in text
+    assert "a task of 3 prompts resolves +-5% (95%)" in text and "in 99% of runs" in text
+    assert noise_floor(runs, "plain", ["A", "B"]) is None  # the reference itself is plain: no A/A pair
+    for record in runs:
+        record.pop("identical_to_plain", None)
+    assert noise_floor(runs, "llamacpp_plain", ["A", "B"]) is None and noise_floor_markdown(None) == []

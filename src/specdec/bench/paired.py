@@ -2,12 +2,19 @@
 
 The per-task table divides aggregate tok/s; a task of three prompts moves 5-10% between runs on a shared
 2-core VM, so a ratio of 0.92x says nothing by itself. Its interval does: one that reaches above 1 is inside the
-noise, one whose top is below 1 is a loss the run can show. Pure: reads the run records only.
+noise, one whose top is below 1 is a loss the run can show. The noise floor says how small a per-task difference
+the run could show at all: our plain decoding and llama-server's do the same work (same tokens, same kernels), so
+the spread of their paired ratios is the machine's noise alone. Pure: reads the run records only.
 """
 
 from __future__ import annotations
 
-from ..intervals import paired_ratios, speedup_interval
+import math
+
+from ..intervals import paired_ratios, speedup_interval, t_quantile
+
+# The method whose turns repeat the reference's work when its greedy tokens are the same (both on the fast kernels).
+SAME_WORK_METHOD = "plain"
 
 
 def paired_intervals(runs: list[dict], baseline: str, methods: list[str], tasks: list[str],
@@ -25,6 +32,73 @@ def paired_intervals(runs: list[dict], baseline: str, methods: list[str], tasks:
                      for task in tasks},
         "overall": {name: interval(runs, name) for name in names},
     }
+
+
+def noise_floor(runs: list[dict], reference: str, tasks: list[str], bar: float = 0.97,
+                confidence: float = 0.95) -> dict | None:
+    """What identical work measures as: `plain` over the reference on the turns where the reference reproduced plain's
+    greedy tokens (its record's identical_to_plain), an A/A comparison whose true ratio is 1.
+
+    Returns None without such a pair (no llama-server in the run, or fewer than two turns in some task). Else
+    {"pair", "turns", "of", "sd_log" (standard deviation of the log ratio within tasks, pooled over tasks),
+    "per_task": {task: {"prompts", "half_width"}} (the `confidence` half-width of a task's geometric mean at that
+    spread, as a fraction: 0.05 = +-5%), "all_half_width" (the same over every prompt of the run), "bar",
+    "prompts_for_bar" (prompts per task for a half-width of 1 - bar), "chance_all_clear_bar" (the chance that the
+    same work's geometric mean clears `bar` in every task, normal approximation)}."""
+    if reference == SAME_WORK_METHOD:
+        return None
+    same = {(r["task"], r["prompt_id"], r["repeat"]) for r in runs
+            if r["method"] == reference and r.get(f"identical_to_{SAME_WORK_METHOD}") is True}
+    of = sum(1 for r in runs if r["method"] == reference)
+    logs: dict[str, list[float]] = {}
+    for task in tasks:
+        chosen = [r for r in runs if r["task"] == task and (r["task"], r["prompt_id"], r["repeat"]) in same]
+        values = [math.log(x) for x in paired_ratios(chosen, SAME_WORK_METHOD, reference)]
+        if values:
+            logs[task] = values
+    if not logs or any(len(values) < 2 for values in logs.values()):
+        return None
+    squares = sum(sum((x - sum(v) / len(v)) ** 2 for x in v) for v in logs.values())
+    freedom = sum(len(v) - 1 for v in logs.values())
+    sd = math.sqrt(squares / freedom)
+    quantile = 0.5 + confidence / 2.0
+
+    def half_width(n: int) -> float:
+        return math.expm1(t_quantile(quantile, n - 1) * sd / math.sqrt(n))
+
+    needed = 2
+    while needed < 10_000 and half_width(needed) > 1.0 - bar:
+        needed += 1
+    margin = -math.log(bar)
+    chance = 1.0
+    for values in logs.values():
+        chance *= 0.5 * (1.0 + math.erf(margin / (sd / math.sqrt(len(values))) / math.sqrt(2.0)))
+    turns = sum(len(v) for v in logs.values())
+    return {
+        "pair": [SAME_WORK_METHOD, reference], "turns": turns, "of": of, "sd_log": sd, "confidence": confidence,
+        "per_task": {task: {"prompts": len(v), "half_width": half_width(len(v))} for task, v in logs.items()},
+        "all_half_width": half_width(turns), "bar": bar, "prompts_for_bar": needed if sd > 0 else 2,
+        "chance_all_clear_bar": chance,
+    }
+
+
+def noise_floor_markdown(floor: dict | None) -> list[str]:
+    """One paragraph under the paired table; nothing without an A/A pair."""
+    if not floor:
+        return []
+    mine, reference = floor["pair"]
+    widths = sorted({round(100 * e["half_width"]) for e in floor["per_task"].values()})
+    prompts = sorted({e["prompts"] for e in floor["per_task"].values()})
+    tasks = len(floor["per_task"])
+    confidence = round(100 * floor["confidence"])
+    chance = "under 1%" if floor["chance_all_clear_bar"] < 0.01 else f"{100 * floor['chance_all_clear_bar']:.0f}%"
+    return [(f"Noise floor: `{mine}` and `{reference}` did the same work on {floor['turns']} of {floor['of']} prompts "
+             f"(the same greedy tokens on the same kernels), so the spread of their paired ratio is what this machine's "
+             f"noise does to one prompt (any real difference between the two programs included): standard deviation {100 * floor['sd_log']:.1f}% per prompt (log ratio, within tasks). At that spread a "
+             f"task of {'/'.join(map(str, prompts))} prompts resolves +-{'/'.join(map(str, widths))}% ({confidence}%), "
+             f"all prompts together +-{100 * floor['all_half_width']:.1f}%; resolving +-{100 * (1 - floor['bar']):.0f}% "
+             f"per task takes {floor['prompts_for_bar']} prompts per task, and the same work clears "
+             f"{floor['bar']:.2f}x in all {tasks} tasks in {chance} of runs like this one."), ""]
 
 
 def _cell(entry: dict | None) -> str:
@@ -49,4 +123,4 @@ def paired_markdown(intervals: dict, baseline: str) -> list[str]:
     return lines + [""]
 
 
-__all__ = ["paired_intervals", "paired_markdown"]
+__all__ = ["SAME_WORK_METHOD", "noise_floor", "noise_floor_markdown", "paired_intervals", "paired_markdown"]

@@ -34,7 +34,7 @@ from pathlib import Path
 from ..metrics import SpecStats, leviathan_speedup
 from .cells import format_cell
 from .ceiling import ceiling_markdown, ceiling_summary
-from .paired import paired_intervals, paired_markdown
+from .paired import noise_floor, noise_floor_markdown, paired_intervals, paired_markdown
 from .methods import BASELINES, EXACT_BASELINE, EXACT_PREFIX, PEER_BASELINES
 from .runner import stats_from_raw
 from .speed_and_length import speed_and_length_markdown
@@ -322,6 +322,7 @@ def summarise(results: dict) -> dict:
         "ceiling": ceiling_summary(results, overall, per_task),
         "relative_per_task": relative_per_task(overall, per_task, tasks),
         "paired_intervals": paired_intervals(runs, reference_method(overall), list(overall), tasks),
+        "noise_floor": noise_floor(runs, reference_method(overall), tasks),
         "exact_vs_default": exact_vs_default(overall, per_task, tasks),
         "greedy_differences": greedy_differences(results),
         "definitions": {
@@ -640,6 +641,7 @@ def to_markdown(results: dict, title: str = "specdec bench") -> str:
         "",
         *(paired_markdown(summary["paired_intervals"], relative["baseline"]) if summary.get("paired_intervals")
           else []),
+        *noise_floor_markdown(summary.get("noise_floor")),
         *speed_and_length_markdown(summary, relative["baseline"], list(relative["overall"])),
         *([
             "## --exact beside the default kernels",
