@@ -18,6 +18,7 @@ from specdec.bench.llamacpp_peer import server_flags
 from specdec.bench.serving import (
     REFERENCE,
     ServeOptions,
+    level_plan,
     llama_command,
     our_command,
     parse_concurrency,
@@ -185,6 +186,18 @@ def test_sse_events_fill_the_record():
     assert body["stream"] and body["temperature"] == 0 and body["max_tokens"] == 128
     assert body["stream_options"] == {"include_usage": True}
     assert body["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_levels_run_the_reference_first_then_each_level_with_the_system_order_rotated():
+    systems = ["ours", "ours_serial", "llamacpp_plain"]
+    assert level_plan(systems, (1, 2, 4, 8)) == [
+        (REFERENCE, 1),
+        ("ours", 1), ("ours_serial", 1), ("llamacpp_plain", 1),
+        ("ours_serial", 2), ("llamacpp_plain", 2), ("ours", 2),
+        ("llamacpp_plain", 4), ("ours", 4), ("ours_serial", 4),
+        ("ours", 8), ("ours_serial", 8), ("llamacpp_plain", 8),
+    ]
+    assert level_plan([], (1, 4)) == [(REFERENCE, 1)]
 
 
 def test_flag_parsing():

@@ -239,10 +239,22 @@ def run_one_level(options: ServeOptions, system: str, concurrency: int, prompts:
     return level
 
 
+def level_plan(systems: Sequence[str], concurrency: Sequence[int]) -> list[tuple[str, int]]:
+    """The order the levels run in: the reference first, then per concurrency level every system, the order rotated
+    by one system per level (as the method bench rotates its methods per prompt), so that the machine's drift over
+    a run (on the 2-vCPU VM the same system at the same level measured 20% apart in two runs) does not always meet
+    the same system first."""
+    plan = [(REFERENCE, 1)]
+    for index, level in enumerate(concurrency):
+        shift = index % len(systems) if systems else 0
+        plan += [(system, level) for system in [*systems[shift:], *systems[:shift]]]
+    return plan
+
+
 def run_serving_bench(prompts: Sequence[BenchPrompt], options: ServeOptions,
                       log: Callable[[str], None] | None = None) -> dict:
-    """The reference, then every concurrency level of every system (systems interleaved per level), each
-    on a fresh server, one at a time; the raw results with their summary (serving_report.summarise)."""
+    """The reference, then every concurrency level of every system (systems interleaved per level, their order
+    rotated per level: level_plan), each on a fresh server, one at a time; the raw results with their summary (serving_report.summarise)."""
     from .serving_report import summarise, summarise_level
 
     say = log or (lambda message: print(message, file=sys.stderr, flush=True))
@@ -254,8 +266,7 @@ def run_serving_bench(prompts: Sequence[BenchPrompt], options: ServeOptions,
         say(f"skipping {system}: {reason}")
     began = time.perf_counter()
     levels = []
-    plan = [(REFERENCE, 1)]
-    plan += [(s, c) for c in options.concurrency for s in options.systems if s not in skipped]
+    plan = level_plan([s for s in options.systems if s not in skipped], options.concurrency)
     for number, (system, concurrency) in enumerate(plan, 1):
         say(f"[{number}/{len(plan)}] {system} at concurrency {concurrency}: {len(prompts)} requests")
         level = run_one_level(options, system, concurrency, prompts, parallel)
