@@ -462,14 +462,15 @@ def test_noise_floor_measures_identical_work_and_what_a_task_can_resolve():
     floor = noise_floor(runs, "llamacpp_plain", ["A", "B"])
     assert floor["turns"] == 6 and floor["of"] == 7 and floor["pair"] == ["plain", "llamacpp_plain"]
     assert floor["sd_log"] == pytest.approx(0.02, abs=1e-9)
-    assert floor["per_task"]["A"] == {"prompts": 3, "half_width": pytest.approx(math.expm1(4.302653 * 0.02 / math.sqrt(3)), abs=1e-5)}
+    task_half_width = math.expm1(4.302653 * 0.02 / math.sqrt(3))
+    assert floor["per_task"]["A"] == {"prompts": 3, "half_width": pytest.approx(task_half_width, abs=1e-5)}
     assert floor["all_half_width"] == pytest.approx(math.expm1(2.570582 * 0.02 / math.sqrt(6)), abs=1e-5)
     assert floor["prompts_for_bar"] == 5
     one_task = 0.5 * (1 + math.erf(-math.log(0.97) / (0.02 / math.sqrt(3)) / math.sqrt(2)))
     assert floor["chance_all_clear_bar"] == pytest.approx(one_task ** 2, abs=1e-9)
     text = noise_floor_markdown(floor)[0]
     assert "6 of 7 prompts" in text and "standard deviation 2.0%" in text and "takes 5 prompts per task" in text
-    assert "a task of 3 prompts resolves +-5% (95%)" in text and "in 99% of runs" in text
+    assert "a task's ratio is known to +-5% with 3 prompts (95%)" in text and "in 99% of runs" in text
     assert noise_floor(runs, "plain", ["A", "B"]) is None  # the reference itself is plain: no A/A pair
     for record in runs:
         record.pop("identical_to_plain", None)

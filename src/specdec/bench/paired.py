@@ -87,18 +87,19 @@ def noise_floor_markdown(floor: dict | None) -> list[str]:
     if not floor:
         return []
     mine, reference = floor["pair"]
-    widths = sorted({round(100 * e["half_width"]) for e in floor["per_task"].values()})
-    prompts = sorted({e["prompts"] for e in floor["per_task"].values()})
+    width_by_prompts = {e["prompts"]: round(100 * e["half_width"]) for e in floor["per_task"].values()}
+    resolves = ", ".join(f"+-{width_by_prompts[n]}% with {n} prompts" for n in sorted(width_by_prompts))
     tasks = len(floor["per_task"])
     confidence = round(100 * floor["confidence"])
     chance = "under 1%" if floor["chance_all_clear_bar"] < 0.01 else f"{100 * floor['chance_all_clear_bar']:.0f}%"
     return [(f"Noise floor: `{mine}` and `{reference}` did the same work on {floor['turns']} of {floor['of']} prompts "
-             f"(the same greedy tokens on the same kernels), so the spread of their paired ratio is what this machine's "
-             f"noise does to one prompt (any real difference between the two programs included): standard deviation {100 * floor['sd_log']:.1f}% per prompt (log ratio, within tasks). At that spread a "
-             f"task of {'/'.join(map(str, prompts))} prompts resolves +-{'/'.join(map(str, widths))}% ({confidence}%), "
-             f"all prompts together +-{100 * floor['all_half_width']:.1f}%; resolving +-{100 * (1 - floor['bar']):.0f}% "
-             f"per task takes {floor['prompts_for_bar']} prompts per task, and the same work clears "
-             f"{floor['bar']:.2f}x in all {tasks} tasks in {chance} of runs like this one."), ""]
+             "(the same greedy tokens on the same kernels), so the spread of their paired ratio is what this "
+             "machine's noise does to one prompt (any real difference between the two programs included): standard "
+             f"deviation {100 * floor['sd_log']:.1f}% per prompt (log ratio, within tasks). At that spread a task's "
+             f"ratio is known to {resolves} ({confidence}%), all prompts together to "
+             f"+-{100 * floor['all_half_width']:.1f}%; resolving +-{100 * (1 - floor['bar']):.0f}% per task takes "
+             f"{floor['prompts_for_bar']} prompts per task, and the same work clears {floor['bar']:.2f}x in all "
+             f"{tasks} tasks in {chance} of runs like this one."), ""]
 
 
 def _cell(entry: dict | None) -> str:
