@@ -472,6 +472,8 @@ def test_noise_floor_measures_identical_work_and_what_a_task_can_resolve():
     assert "6 of 7 prompts" in text and "standard deviation 2.0%" in text and "takes 5 prompts per task" in text
     assert "a task's ratio is known to +-5% with 3 prompts (95%)" in text and "in 99% of runs" in text
     assert noise_floor(runs, "plain", ["A", "B"]) is None  # the reference itself is plain: no A/A pair
+    steady = [dict(r, tokens_per_second=10.0) for r in runs if r["prompt_id"] != "A9"]  # no spread at all
+    assert noise_floor(steady, "llamacpp_plain", ["A", "B"])["chance_all_clear_bar"] == 1.0
     for record in runs:
         record.pop("identical_to_plain", None)
     assert noise_floor(runs, "llamacpp_plain", ["A", "B"]) is None and noise_floor_markdown(None) == []

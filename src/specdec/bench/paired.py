@@ -70,14 +70,14 @@ def noise_floor(runs: list[dict], reference: str, tasks: list[str], bar: float =
     while needed < 10_000 and half_width(needed) > 1.0 - bar:
         needed += 1
     margin = -math.log(bar)
-    chance = 1.0
-    for values in logs.values():
+    chance = 1.0  # with no spread at all, the same work always measures 1.00x
+    for values in logs.values() if sd > 0 else ():
         chance *= 0.5 * (1.0 + math.erf(margin / (sd / math.sqrt(len(values))) / math.sqrt(2.0)))
     turns = sum(len(v) for v in logs.values())
     return {
         "pair": [SAME_WORK_METHOD, reference], "turns": turns, "of": of, "sd_log": sd, "confidence": confidence,
         "per_task": {task: {"prompts": len(v), "half_width": half_width(len(v))} for task, v in logs.items()},
-        "all_half_width": half_width(turns), "bar": bar, "prompts_for_bar": needed if sd > 0 else 2,
+        "all_half_width": half_width(turns), "bar": bar, "prompts_for_bar": needed,
         "chance_all_clear_bar": chance,
     }
 

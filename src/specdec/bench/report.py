@@ -315,14 +315,15 @@ def summarise(results: dict) -> dict:
     tasks = list(dict.fromkeys(r["task"] for r in runs))
     overall = _scope_summary(methods, runs)
     per_task = {task: _scope_summary(methods, [r for r in runs if r["task"] == task]) for task in tasks}
+    reference = reference_method(overall)
     return {
         "overall": overall,
         "per_task": per_task,
         "tasks": tasks,
         "ceiling": ceiling_summary(results, overall, per_task),
         "relative_per_task": relative_per_task(overall, per_task, tasks),
-        "paired_intervals": paired_intervals(runs, reference_method(overall), list(overall), tasks),
-        "noise_floor": noise_floor(runs, reference_method(overall), tasks),
+        "paired_intervals": paired_intervals(runs, reference, list(overall), tasks),
+        "noise_floor": noise_floor(runs, reference, tasks),
         "exact_vs_default": exact_vs_default(overall, per_task, tasks),
         "greedy_differences": greedy_differences(results),
         "definitions": {

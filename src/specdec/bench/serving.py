@@ -254,7 +254,8 @@ def level_plan(systems: Sequence[str], concurrency: Sequence[int]) -> list[tuple
 def run_serving_bench(prompts: Sequence[BenchPrompt], options: ServeOptions,
                       log: Callable[[str], None] | None = None) -> dict:
     """The reference, then every concurrency level of every system (systems interleaved per level, their order
-    rotated per level: level_plan), each on a fresh server, one at a time; the raw results with their summary (serving_report.summarise)."""
+    rotated per level: level_plan), each on a fresh server, one at a time; the raw results with their summary
+    (serving_report.summarise)."""
     from .serving_report import summarise, summarise_level
 
     say = log or (lambda message: print(message, file=sys.stderr, flush=True))
