@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from specdec.backends.transformers_backend import TransformersBackend
+from specdec.backends.pytorch.backend import TransformersBackend
 
 VOCAB = 97
 

@@ -8,13 +8,13 @@ import random
 import pytest
 
 from markov_backend import one_torch_thread  # noqa: F401
-from specdec.adaptive import AdaptiveK
-from specdec.backends.transformers_backend import TransformersBackend
+from specdec.kpolicy.adaptive import AdaptiveK
+from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine import SpeculativeEngine, plain_engine
-from specdec.metrics import expected_tokens_per_step
-from specdec.policy import make_policy
+from specdec.engine.single import SpeculativeEngine, plain_engine
+from specdec.core.stats import expected_tokens_per_step
+from specdec.kpolicy.base import make_policy
 
 FLAT = lambda size: 1.0
 
@@ -210,7 +210,7 @@ def test_adaptive_policy_in_the_engine_keeps_greedy_output(target_backend, draft
 
 
 def test_adaptive_policy_learns_from_the_engine(target_backend, self_draft_backend, monkeypatch):
-    import specdec.scheduler as engine_module  # the step code lives there
+    import specdec.engine.scheduler as engine_module  # the step code lives there
 
     policies = []
 
@@ -342,7 +342,7 @@ def test_a_new_request_restarts_exploration_and_halves_old_acceptance():
 def test_a_plan_learner_drafts_only_for_a_gain_above_its_margin():
     """A draft that promises 1.05x plain decoding is taken without a margin and not with the plans' 10% margin; one
     that promises more than 1.1x is taken with it."""
-    from specdec import adaptive
+    from specdec.kpolicy import adaptive
 
     def policy_at(acceptance_runs):
         policy = AdaptiveK(1, pass_costs={1: 1.0, 2: 1.5})

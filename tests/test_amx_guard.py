@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec.amx_guard import MKL_CAP, ONEDNN_CAP, keep_onednn_off_amx
-from specdec.native_build import cpu_flags
+from specdec.host.amx_guard import MKL_CAP, ONEDNN_CAP, keep_onednn_off_amx
+from specdec.host.native_build import cpu_flags
 
 TESTS = Path(__file__).parent
 
@@ -34,7 +34,7 @@ _SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     import specdec, torch
-    from specdec.backends.llamacpp_backend import LlamaCppBackend
+    from specdec.backends.llamacpp.backend import LlamaCppBackend
     backend = LlamaCppBackend({model!r}, max_context=128, threads=1, batch_invariant=False)
     assert backend.amx, backend.runtime_summary()
     tokens = [(i * 13) % 250 for i in range(16)]
@@ -50,7 +50,7 @@ _SCRIPT = textwrap.dedent("""
 
 @pytest.mark.skipif(not {"amx_tile", "amx_int8", "avx512_vnni"} <= cpu_flags(), reason="this CPU has no AMX")
 def test_torch_bf16_between_two_amx_passes_on_one_thread(tmp_path):
-    from specdec.backends.llamacpp_backend import build_features
+    from specdec.backends.llamacpp.backend import build_features
 
     if not build_features().get("AMX_INT8"):
         pytest.skip("this llama.cpp library was built without AMX")

@@ -9,14 +9,14 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from specdec.backends.transformers_backend import TransformersBackend
+from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.bench.datasets import HUMANEVAL_SIZE, load_humaneval, load_tasks, parse_tasks
-from specdec.bench.methods import MethodOptions, resolve_methods
-from specdec.bench.report import write_results
-from specdec.bench.runner import BenchConfig, run_bench
-from specdec.cli import build_parser, main
+from specdec.bench.method.methods import MethodOptions, resolve_methods
+from specdec.bench.method.report import write_results
+from specdec.bench.method.runner import BenchConfig, run_bench
+from specdec.cli.main import build_parser, main
 from specdec.config import ConfigError, SamplingParams
-from specdec.pipeline import SpecDecoder
+from specdec.decoder import SpecDecoder
 
 VOCAB = 97
 _WORDS = [
@@ -226,7 +226,7 @@ def test_cli_bad_argument_type_is_an_argparse_error(capsys):
 
 
 def test_a_greedy_mismatch_is_reported_with_where_and_which_tokens(decoder, tmp_path, monkeypatch):
-    from specdec.bench.runner import BenchRunner
+    from specdec.bench.method.runner import BenchRunner
 
     original = BenchRunner.run_method
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.bench.ceiling import ceiling_markdown, ceiling_summary, rows_per_token
+from specdec.bench.method.ceiling import ceiling_markdown, ceiling_summary, rows_per_token
 
 CURVE = {"1": 10.0, "2": 12.0, "4": 14.0, "8": 20.0}  # ms per pass of n rows
 
@@ -61,7 +61,7 @@ def test_a_flat_line_has_no_ceiling_and_a_run_without_a_curve_no_section():
 
 
 def test_the_run_records_the_curve_its_policies_read():
-    from specdec.bench.runner import _curve_ms
+    from specdec.bench.method.runner import _curve_ms
 
     class Calibrated:
         pass_costs = {2: 0.012, 1: 0.01}

@@ -18,12 +18,12 @@ from specdec.bench.datasets import (
     select_prompts,
     spec_bench_path,
 )
-from specdec.bench.methods import MethodOptions, resolve_methods
-from specdec.bench.report import category_table, summarise, to_markdown, to_markdown_by_threads
-from specdec.bench.speed_and_length import speed_and_length
-from specdec.cli import main
+from specdec.bench.method.methods import MethodOptions, resolve_methods
+from specdec.bench.method.report import category_table, summarise, to_markdown, to_markdown_by_threads
+from specdec.bench.method.speed_and_length import speed_and_length
+from specdec.cli.main import main
 from specdec.config import ConfigError
-from specdec.pipeline import SpecDecoder
+from specdec.decoder import SpecDecoder
 
 SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
                          "humanities", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -146,7 +146,7 @@ def test_a_thread_list_runs_the_whole_matrix_per_count_with_models_loaded_for_it
                                                                                   capsys):
     from test_bench import tiny_model, tiny_tokenizer
 
-    from specdec.backends.transformers_backend import TransformersBackend
+    from specdec.backends.pytorch.backend import TransformersBackend
 
     loads = []
 
@@ -308,8 +308,8 @@ def test_prefill_and_decode_rates_per_method_and_the_servers_own_decode_rate():
 
 
 def test_prefill_tokens_count_what_each_framework_ran_through_its_prefill():
-    from specdec.bench.runner import _Outcome, _prefill_tokens
-    from specdec.metrics import SpecStats
+    from specdec.bench.method.runner import _Outcome, _prefill_tokens
+    from specdec.core.stats import SpecStats
 
     ours, = resolve_methods("plain", MethodOptions())[0]
     peer = resolve_methods("llamacpp_plain", MethodOptions())[0][-1]
@@ -342,7 +342,7 @@ def test_the_report_of_several_thread_counts_has_one_overview_row_per_method():
 
 def test_the_default_pair_brings_its_draft_model_only_for_methods_that_need_one():
     from specdec.bench.cli import bench_model_ref
-    from specdec.cli import build_parser
+    from specdec.cli.main import build_parser
 
     def draft_of(methods: str, *extra: str):
         args = build_parser().parse_args(["bench", "--methods", methods, *extra])
@@ -376,8 +376,8 @@ def test_second_turns_follow_their_first_and_the_limit_counts_questions(tmp_path
 def _two_turn_run(tmp_path, methods_text):
     from conftest import tiny_qwen2, tiny_tokenizer
 
-    from specdec.backends.transformers_backend import TransformersBackend
-    from specdec.bench.runner import BenchConfig, run_bench
+    from specdec.backends.pytorch.backend import TransformersBackend
+    from specdec.bench.method.runner import BenchConfig, run_bench
     from specdec.config import SamplingParams
 
     tokenizer = tiny_tokenizer()
@@ -412,7 +412,7 @@ def test_per_task_paired_intervals_say_whether_a_low_ratio_is_inside_the_noise()
     the Student-t quantile t(0.975, 2) = 4.3027 on the log ratios, independently of intervals.py."""
     import math
 
-    from specdec.bench.paired import paired_intervals, paired_markdown
+    from specdec.bench.method.paired import paired_intervals, paired_markdown
 
     ratios = {"A": [0.9, 1.0, 1.1], "B": [0.80, 0.81, 0.79]}
     runs = []
@@ -448,7 +448,7 @@ def test_noise_floor_measures_identical_work_and_what_a_task_can_resolve():
     tokens differed (negative control: a ratio of 2) is not identical work and must be left out."""
     import math
 
-    from specdec.bench.paired import noise_floor, noise_floor_markdown
+    from specdec.bench.method.paired import noise_floor, noise_floor_markdown
 
     runs = []
     for task, centre in (("A", 1.0), ("B", 1.05)):

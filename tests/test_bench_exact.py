@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from specdec.bench.methods import EXACT_BASELINE, MethodOptions, resolve_methods
-from specdec.bench.report import exact_table, summarise, to_markdown, to_markdown_by_threads
-from specdec.cli import main
+from specdec.bench.method.methods import EXACT_BASELINE, MethodOptions, resolve_methods
+from specdec.bench.method.report import exact_table, summarise, to_markdown, to_markdown_by_threads
+from specdec.cli.main import main
 from specdec.config import ConfigError, SamplingParams, SpecConfig
-from specdec.pipeline import SpecDecoder
+from specdec.decoder import SpecDecoder
 
 # prompt_lookup at a fixed k drafts at every match; its adaptive policy scores the copies first and, on this tiny
 # model's output, rightly never drafts, which would leave its identity check nothing to verify.
@@ -39,7 +39,7 @@ def test_exact_names_are_our_methods_on_the_exact_kernels_with_exact_plain_as_th
     assert by_name["exact_adaptive"].spec == SpecConfig(drafter="draft_model", num_speculative_tokens=5,
                                                         k_policy="adaptive")
     assert by_name["exact_plain"].spec.drafter == "none" and by_name["exact_plain"].is_plain
-    assert by_name["exact_hybrid_adaptive"].requires == "specdec.adaptive"
+    assert by_name["exact_hybrid_adaptive"].requires == "specdec.kpolicy.adaptive"
     assert by_name["exact_spec_k3"].needs_draft_model and not by_name["exact_prompt_lookup_adaptive"].needs_draft_model
 
 
@@ -99,7 +99,7 @@ class _Ids:
 
 
 def _decoder(target_path, draft_path, threads=2):
-    from specdec.backends.llamacpp_backend import LlamaCppBackend
+    from specdec.backends.llamacpp.backend import LlamaCppBackend
 
     target = LlamaCppBackend(target_path, name="tiny-target", max_context=512, threads=threads,
                              batch_invariant=False)
@@ -125,7 +125,7 @@ def _prompts(count):
 @pytest.fixture()
 def backend_log(monkeypatch):
     """Every LlamaCppBackend made or closed while the test runs: (event, batch_invariant, threads, file)."""
-    from specdec.backends.llamacpp_backend import LlamaCppBackend
+    from specdec.backends.llamacpp.backend import LlamaCppBackend
 
     log = []
     original_init, original_close = LlamaCppBackend.__init__, LlamaCppBackend.close
@@ -144,7 +144,7 @@ def backend_log(monkeypatch):
 
 
 def _bench(decoder, names, prompts, max_tokens=40, warmup=True):
-    from specdec.bench.runner import BenchConfig, run_bench
+    from specdec.bench.method.runner import BenchConfig, run_bench
 
     methods, _ = resolve_methods(",".join(names), MethodOptions(k=3, k_max=5), has_draft_model=True)
     config = BenchConfig(methods=methods, params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
@@ -201,7 +201,7 @@ def test_exact_methods_are_identical_to_exact_plain_where_the_fast_ones_flip_nea
 
 
 def test_a_difference_in_exact_mode_is_a_warning(ggufs, backend_log, monkeypatch):
-    from specdec.bench.runner import BenchRunner
+    from specdec.bench.method.runner import BenchRunner
 
     original = BenchRunner.run_method
 
@@ -264,10 +264,10 @@ def test_each_thread_count_loads_its_own_exact_target_and_frees_it_before_the_ne
 def test_exact_methods_on_the_torch_backend_are_a_config_error(tmp_path):
     from test_bench import tiny_model, tiny_tokenizer
 
-    from specdec.backends.transformers_backend import TransformersBackend
+    from specdec.backends.pytorch.backend import TransformersBackend
     from specdec.bench.cli import run_bench_command
-    from specdec.bench.runner import BenchConfig, BenchRunner
-    from specdec.cli import build_parser
+    from specdec.bench.method.runner import BenchConfig, BenchRunner
+    from specdec.cli.main import build_parser
 
     tokenizer = tiny_tokenizer()
     decoder = SpecDecoder(TransformersBackend(tiny_model(0, 2), tokenizer, name="t", max_context=256),
@@ -282,8 +282,8 @@ def test_exact_methods_on_the_torch_backend_are_a_config_error(tmp_path):
 
 
 def test_exact_methods_beside_an_exact_target_are_a_config_error(ggufs):
-    from specdec.backends.llamacpp_backend import LlamaCppBackend
-    from specdec.bench.exact import exact_missing_reason, load_exact_decoder
+    from specdec.backends.llamacpp.backend import LlamaCppBackend
+    from specdec.bench.method.exact import exact_missing_reason, load_exact_decoder
 
     exact = LlamaCppBackend(ggufs["small"], max_context=64, threads=1, batch_invariant=True)
     assert "already runs the exact kernels" in exact_missing_reason(exact)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from specdec import cli
-from specdec.bench import serving
+from specdec.cli import main as cli
+from specdec.bench.serving import run as serving
 from specdec.bench.llamacpp_peer import server_flags
-from specdec.bench.serving import (
+from specdec.bench.serving.run import (
     REFERENCE,
     ServeOptions,
     level_plan,
@@ -25,8 +25,8 @@ from specdec.bench.serving import (
     parse_systems,
     skip_reasons,
 )
-from specdec.bench.serving_client import RequestRecord, apply_event, chat_body, parse_event
-from specdec.bench.serving_report import (
+from specdec.bench.serving.client import RequestRecord, apply_event, chat_body, parse_event
+from specdec.bench.serving.report import (
     add_ratios,
     identity,
     percentile,
@@ -232,7 +232,7 @@ def _options(tmp_path, **kw) -> ServeOptions:
 def test_our_server_commands_with_and_without_parallel(tmp_path):
     options = _options(tmp_path)
     ref = our_command(options, REFERENCE, 1, 9000, parallel=True)
-    assert ref[:5] == [sys.executable, "-m", "specdec.cli", "serve", "m.gguf"]
+    assert ref[:5] == [sys.executable, "-m", "specdec.cli.main", "serve", "m.gguf"]
     assert ref[-3:] == ["--drafter", "none", "--exact"] and "--parallel" not in ref
     assert ref[ref.index("--threads") + 1] == "2" and ref[ref.index("--max-context") + 1] == "2048"
     ours = our_command(options, "ours", 4, 9000, parallel=True)

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdec.adaptive import AdaptiveK
-from specdec.calibration import (
+from specdec.kpolicy.adaptive import AdaptiveK
+from specdec.kpolicy.calibration import (
     cached_pass_costs,
     cost_table,
     interpolate_cost,
@@ -64,7 +64,7 @@ class _ClockedBackend:
 def test_a_slow_spell_does_not_bend_the_measured_curve(monkeypatch):
     """Rounds over every size: a spell of slow passes as long as one size's repeats moves no size's median. The
     negative control measures size by size, as before rounds, and the spell bends the curve there."""
-    import specdec.calibration as calibration
+    import specdec.kpolicy.calibration as calibration
 
     sizes = (1, 2, 3, 4)
     truth = {size: size + 1.0 for size in sizes}
@@ -206,7 +206,7 @@ def test_negative_control_without_the_curve_a_line_through_two_sizes_misjudges()
 def test_default_k_32_for_copying_drafters_16_on_cuda_else_5():
     import argparse
 
-    from specdec.cli_common import default_k, spec_from_args
+    from specdec.cli.flags import default_k, spec_from_args
 
     def args(**kw):
         base = dict(k=None, k_policy="adaptive", device="cpu", backend="auto", drafter=None, draft_p_min=0.0)
@@ -237,7 +237,7 @@ def test_machine_ceiling_on_measured_curves():
 
 
 def test_cached_pass_costs_measure_once_per_key(tmp_path, monkeypatch):
-    from specdec import calibration
+    from specdec.kpolicy import calibration
 
     monkeypatch.setattr(calibration, "_cache_file", lambda: tmp_path / "pass-costs.json")
     calls = []
@@ -265,11 +265,11 @@ def test_cached_pass_costs_measure_once_per_key(tmp_path, monkeypatch):
 
 
 def test_an_adaptive_llamacpp_engine_calibrates_once_and_reads_the_file(tmp_path, monkeypatch):
-    from specdec import calibration
+    from specdec.kpolicy import calibration
     from specdec.config import SamplingParams, SpecConfig
     from specdec.drafters import create_drafter
-    from specdec.backends.llamacpp_backend import LlamaCppBackend
-    from specdec.engine import SpeculativeEngine
+    from specdec.backends.llamacpp.backend import LlamaCppBackend
+    from specdec.engine.single import SpeculativeEngine
     from tiny_gguf import write_tiny_gguf
 
     monkeypatch.setattr(calibration, "_cache_file", lambda: tmp_path / "pass-costs.json")
@@ -287,7 +287,7 @@ def test_an_adaptive_llamacpp_engine_calibrates_once_and_reads_the_file(tmp_path
 
 
 def test_forget_pass_costs_drops_only_that_backends_curve(tmp_path, monkeypatch):
-    from specdec import calibration
+    from specdec.kpolicy import calibration
 
     monkeypatch.setattr(calibration, "_cache_file", lambda: tmp_path / "pass-costs.json")
 
@@ -312,7 +312,7 @@ def test_a_curve_cached_by_an_earlier_way_of_measuring_is_measured_again(tmp_pat
     """Curves stored before sizes were measured in rounds (key without MEASUREMENT_VERSION) are not read."""
     import json
 
-    from specdec import calibration
+    from specdec.kpolicy import calibration
 
     monkeypatch.setattr(calibration, "_cache_file", lambda: tmp_path / "pass-costs.json")
     (tmp_path / "pass-costs.json").write_text(json.dumps({"cpu A": {"1": 9.0, "2": 9.0}}))

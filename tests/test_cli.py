@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import save_tiny_model, tiny_llama, tiny_tokenizer
-from specdec.cli import build_parser, main
+from specdec.cli.main import build_parser, main
 
 
 def _env(tmp_path) -> dict:
@@ -24,7 +24,7 @@ def _env(tmp_path) -> dict:
 
 def _spawn(args, tmp_path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "specdec.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "specdec.cli.main", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=_env(tmp_path), cwd=str(tmp_path),
     )
 
@@ -47,7 +47,7 @@ def tiny_pair(tmp_path_factory):
 
 
 # name: (arguments, words the one-line message must contain)
-SUBPROCESS_BAD_INPUTS = {  # through a fresh `python -m specdec.cli`, exactly as a user runs it
+SUBPROCESS_BAD_INPUTS = {  # through a fresh `python -m specdec.cli.main`, exactly as a user runs it
     "missing_gguf": (["generate", "{root}/missing-model.gguf"], ["model file not found", "missing-model.gguf"]),
     "negative_temperature": (["generate", "{target}", "--temperature", "-1"], ["temperature", "-1"]),
     "k_zero": (["generate", "{target}", "--draft", "{draft}", "-k", "0"], ["num_speculative_tokens", "0"]),
@@ -91,7 +91,7 @@ def bad_runs(tiny_pair, tmp_path_factory):
 def check_one_line_error(code, out, err, words):
     assert code == 2, (code, out, err)
     assert "Traceback" not in err and "Traceback" not in out, err
-    # Nothing before the error either: no progress bar of a load that took milliseconds (specdec.progress).
+    # Nothing before the error either: no progress bar of a load that took milliseconds (specdec.loading.progress).
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert lines[0].startswith("specdec generate: error: "), lines[0]
@@ -184,7 +184,7 @@ def test_without_a_draft_model_the_default_drafter_is_suffix(tiny_pair, capsys):
     spec = json.loads(capsys.readouterr().out)["spec"]
     assert spec["drafter"] == "suffix" and spec["why"] == "the default without a draft model (model-free)"
     # The default pair loads its draft model only where it can pay (CUDA) or when a drafter needs it.
-    from specdec.cli_common import model_ref_from_args
+    from specdec.cli.flags import model_ref_from_args
 
     assert model_ref_from_args(build_parser().parse_args(["generate", "--device", "cpu"])).draft is None
     for drafter in ("draft_model", "hybrid"):
@@ -215,7 +215,7 @@ def test_request_that_exactly_fits_the_context_runs(tiny_pair, capsys):
 
 
 def test_backend_flags_reach_the_model_reference():
-    from specdec.cli_common import model_ref_from_args
+    from specdec.cli.flags import model_ref_from_args
 
     args = build_parser().parse_args(["generate", "m.gguf", "--backend", "llama.cpp", "--threads", "3", "--exact"])
     ref = model_ref_from_args(args)
@@ -259,32 +259,32 @@ def test_a_command_whose_extra_is_missing_says_which_extra(monkeypatch, capsys):
 # -- Ctrl-C and help ------------------------------------------------------------------------------------------
 
 def test_the_console_script_imports_no_torch_before_main(tmp_path):
-    """The `specdec` script imports specdec.cli before main() runs: torch there (seconds) would put a Ctrl-C
+    """The `specdec` script imports specdec.cli.main before main() runs: torch there (seconds) would put a Ctrl-C
     outside main's handler, as a traceback. The torch-dependent names of `specdec` load on first use."""
-    code = ("import sys, specdec.cli; assert 'torch' not in sys.modules, 'torch imported'; "
+    code = ("import sys, specdec.cli.main; assert 'torch' not in sys.modules, 'torch imported'; "
             "from specdec import SpecDecoder, SpecStats; assert SpecDecoder.__name__ == 'SpecDecoder'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(tmp_path))
     assert result.returncode == 0, result.stderr
 
 
 def test_ctrl_c_while_the_parser_imports_the_commands_is_one_line(monkeypatch, capsys):
-    import specdec.cli
+    import specdec.cli.main
 
     def interrupted():
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(specdec.cli, "build_parser", interrupted)
+    monkeypatch.setattr(specdec.cli.main, "build_parser", interrupted)
     assert main(["generate"]) == 130
     assert capsys.readouterr().err == "specdec: interrupted\n"
 
 
 def test_ctrl_c_while_the_models_load_is_one_line(tiny_pair, monkeypatch, capsys):
-    import specdec.pipeline
+    import specdec.decoder
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(specdec.pipeline.SpecDecoder, "load", interrupted)
+    monkeypatch.setattr(specdec.decoder.SpecDecoder, "load", interrupted)
     assert main(["generate", tiny_pair[0], "--no-chat", "--prompt", "w9"]) == 130
     captured = capsys.readouterr()
     assert captured.err == "specdec generate: interrupted\n" and captured.out == ""
@@ -293,7 +293,7 @@ def test_ctrl_c_while_the_models_load_is_one_line(tiny_pair, monkeypatch, capsys
 def _interrupt_after(monkeypatch, chunks: int, max_tokens: int, plain: bool = False):
     """Ctrl-C after `chunks` chunks of the speculative stream (plain=False) or in the plain comparison run,
     for requests of max_tokens only (the warm-up runs are shorter)."""
-    from specdec.engine import SpeculativeEngine
+    from specdec.engine.single import SpeculativeEngine
 
     stream, generate = SpeculativeEngine.stream, SpeculativeEngine.generate
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from markov_backend import MarkovBackend, chi_square_pvalue, one_torch_thread, sequence_distribution  # noqa: F401
-from specdec.backends.transformers_backend import TransformersBackend
+from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import Draft, create_drafter
-from specdec.engine import SpeculativeEngine, plain_engine
-from specdec.policy import FixedK
+from specdec.engine.single import SpeculativeEngine, plain_engine
+from specdec.kpolicy.base import FixedK
 
 
 def confident_chain() -> torch.Tensor:
@@ -164,7 +164,7 @@ def test_engine_handles_empty_drafts(target_backend):
 
 @pytest.mark.parametrize("drafter_name", ["draft_model", "hybrid", "prompt_lookup"])
 def test_engine_handles_k_zero_steps(target_backend, draft_backend, monkeypatch, drafter_name):
-    import specdec.scheduler as engine_module  # the step code lives there
+    import specdec.engine.scheduler as engine_module  # the step code lives there
 
     monkeypatch.setattr(engine_module, "make_policy", lambda name, k, pass_costs=None: _ScriptedK([0, 3, 0, 0, 2, 1]))
     spec = SpecConfig(num_speculative_tokens=3, drafter=drafter_name)

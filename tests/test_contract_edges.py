@@ -15,12 +15,12 @@ import torch
 
 from conftest import assert_cache_keeps, tiny_qwen2, tiny_tokenizer
 from markov_backend import MarkovBackend
-from specdec.backends.transformers_backend import TransformersBackend
-from specdec.backends.weights import PackedFp32Linear, RowExactInt8Linear, apply_weight_format
+from specdec.backends.pytorch.backend import TransformersBackend
+from specdec.backends.pytorch.weights import PackedFp32Linear, RowExactInt8Linear, apply_weight_format
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine import SpeculativeEngine, plain_engine
-from specdec.models import VocabMismatchError, check_vocab_compatible
+from specdec.engine.single import SpeculativeEngine, plain_engine
+from specdec.loading.models import VocabMismatchError, check_vocab_compatible
 
 PROMPT = [5, 6, 7, 8, 9]
 LENGTH = 30
@@ -174,7 +174,7 @@ def test_llamacpp_draft_with_fewer_tokens(tmp_path, monkeypatch, extra):
     "[PAD<id>]" placeholders llama.cpp's converter writes for padding rows (Qwen2.5-7B vs 0.5B)."""
     pytest.importorskip("llama_cpp")
     import tiny_gguf
-    from specdec.backends.llamacpp_backend import LlamaCppBackend
+    from specdec.backends.llamacpp.backend import LlamaCppBackend
 
     draft_path = tiny_gguf.write_tiny_gguf(tmp_path / "draft.gguf", seed=1, layers=1)
     base = tiny_gguf.vocabulary

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import save_tiny_model, tiny_llama, tiny_qwen2, tiny_tokenizer
-from specdec.backends.llamacpp_backend import LlamaCppBackend
-from specdec.cli import main
+from specdec.backends.llamacpp.backend import LlamaCppBackend
+from specdec.cli.main import main
 from specdec.config import SamplingParams
 from specdec.distill import (
     DistillOptions,
@@ -27,7 +27,7 @@ from specdec.distill import (
     train_draft,
 )
 from specdec.distill.losses import forward_kl, restrict_to_vocab, topk_log_probs, total_variation
-from specdec.models import check_vocab_compatible, load_backend
+from specdec.loading.models import check_vocab_compatible, load_backend
 from tiny_gguf import VOCAB, write_tiny_gguf
 
 WORDS = ["def", "return", "for", "in", "the", "x", "if", "else", "while", "list", "sum", "max", "min", "value",

@@ -25,14 +25,14 @@ from scipy.stats import chisquare
 
 from conftest import assert_cache_keeps, tiny_llama
 from markov_backend import MarkovCache
-from specdec import scheduler as engine_module  # the step code lives there
-from specdec.backends.transformers_backend import TransformersBackend
+from specdec.engine import scheduler as engine_module  # the step code lives there
+from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine import SpeculativeEngine, plain_engine
-from specdec.kvcache import ContextOverflowError
-from specdec.sampling import probabilities
-from specdec.verify import Verdict
+from specdec.engine.single import SpeculativeEngine, plain_engine
+from specdec.backends.kvcache import ContextOverflowError
+from specdec.core.sampling import probabilities
+from specdec.core.verify import Verdict
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 42, 17], [60], [20, 21, 22, 23, 24, 25, 26, 27]]
 NEW_TOKENS = 24
@@ -548,7 +548,7 @@ def test_engine_level_negative_control(prefix_pair, monkeypatch):
     target, draft, exact = prefix_pair
 
     def always_accept(tokens, draft_probs, target_probs, generator):
-        from specdec.sampling import sample_token
+        from specdec.core.sampling import sample_token
 
         return Verdict(len(tokens), sample_token(target_probs[len(tokens)], generator), True)
 

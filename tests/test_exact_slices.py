@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from specdec.backends.base import BatchRows
-from specdec.backends.llamacpp_backend import LlamaCppUnavailable, llama_cpp_module
+from specdec.backends.llamacpp.backend import LlamaCppUnavailable, llama_cpp_module
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters.base import Draft
-from specdec.engine import SpeculativeEngine, plain_engine
-from specdec.scheduler import verify_rows_in_slices
+from specdec.engine.single import SpeculativeEngine, plain_engine
+from specdec.engine.scheduler import verify_rows_in_slices
 
 
 class _Cache:
@@ -103,7 +103,7 @@ def exact_target(tmp_path_factory):
         llama_cpp_module()
     except LlamaCppUnavailable as exc:  # pragma: no cover - depends on the machine
         pytest.skip(f"llama.cpp is not available: {exc}")
-    from specdec.backends.llamacpp_backend import LlamaCppBackend, batch_invariance_problems
+    from specdec.backends.llamacpp.backend import LlamaCppBackend, batch_invariance_problems
     from tiny_gguf import quantize_q4_k_m, write_tiny_gguf
 
     if batch_invariance_problems():

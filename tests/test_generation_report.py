@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.report import first_divergence, format_generation_report
+from specdec.cli.generation_report import first_divergence, format_generation_report
 
 
 def report(drafted: int, identical: bool = True) -> dict:
@@ -59,7 +59,7 @@ def test_the_speedup_comes_with_its_interval_and_a_verdict():
 
 def test_generate_pairs_its_runs_in_alternating_order(monkeypatch):
     """Three repeats: the first speculative run, then plain; then pairs P S and S P (drift hits both alike)."""
-    from specdec import report as report_module
+    from specdec.cli import generation_report as report_module
 
     calls = []
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specdec.cli import main
+from specdec.cli.main import main
 
 ALL = "plain,replay_k8,lookup_adaptive,draft_k4,draft_adaptive,hf_eager,hf_assisted_k4,hf_prompt_lookup"
 

@@ -1,4 +1,4 @@
-"""Hub ids at first contact (specdec.hub): an unreachable hub gives one line at once, or the local cache with a
+"""Hub ids at first contact (specdec.loading.hub): an unreachable hub gives one line at once, or the local cache with a
 note; HF_HUB_OFFLINE without the model in the cache is one line; no progress bar of a quick load, none before
 an error; library error messages of several lines are printed on one."""
 
@@ -10,9 +10,9 @@ import time
 import pytest
 
 from conftest import save_tiny_model, tiny_llama, tiny_tokenizer
-from specdec import hub
-from specdec.cli import main
-from specdec.models import ModelLoadError, load_backend, resolve
+from specdec.loading import hub
+from specdec.cli.main import main
+from specdec.loading.models import ModelLoadError, load_backend, resolve
 
 
 @pytest.fixture()
@@ -111,7 +111,7 @@ def test_a_quick_load_draws_no_progress_bar_and_the_hook_is_restored(tmp_path, c
 
 
 def test_a_long_load_still_draws_its_bar(capfd):
-    from specdec.progress import LONG_WORK_SECONDS, long_work_bars
+    from specdec.loading.progress import LONG_WORK_SECONDS, long_work_bars
     from transformers.utils.logging import tqdm
 
     with long_work_bars():
@@ -124,12 +124,12 @@ def test_a_long_load_still_draws_its_bar(capfd):
 
 
 def test_a_library_error_of_several_lines_is_printed_on_one(monkeypatch, capsys, tmp_path):
-    import specdec.pipeline
+    import specdec.decoder
 
     def fails(*args, **kwargs):
         raise ModelLoadError("could not load target model 'x': We couldn't connect.\nCheck your connection.")
 
-    monkeypatch.setattr(specdec.pipeline.SpecDecoder, "load", fails)
+    monkeypatch.setattr(specdec.decoder.SpecDecoder, "load", fails)
     assert main(["generate", str(tmp_path)]) == 2
     assert capsys.readouterr().err == ("specdec generate: error: could not load target model 'x': We couldn't "
                                        "connect. Check your connection.\n")

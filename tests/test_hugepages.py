@@ -6,8 +6,8 @@ import mmap
 
 import pytest
 
-from specdec.backends import hugepages
-from specdec.backends.hugepages import (
+from specdec.host import hugepages
+from specdec.host.hugepages import (
     BEFORE,
     HUGE_PAGE,
     TUNABLE,

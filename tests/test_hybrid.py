@@ -17,7 +17,7 @@ from markov_backend import (  # noqa: F401
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
 from specdec.drafters.hybrid import HybridDrafter
-from specdec.engine import SpeculativeEngine, plain_engine
+from specdec.engine.single import SpeculativeEngine, plain_engine
 
 REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
 

@@ -1,4 +1,4 @@
-"""specdec.intervals: Student-t quantiles against published tables, the interval on the geometric-mean paired
+"""specdec.core.intervals: Student-t quantiles against published tables, the interval on the geometric-mean paired
 speedup against a hand computation, and the pairing of interleaved runs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from specdec.intervals import paired_ratios, regularized_beta, speedup_interval, t_cdf, t_quantile
+from specdec.core.intervals import paired_ratios, regularized_beta, speedup_interval, t_cdf, t_quantile
 
 
 # Two-sided critical values t(p, df) from any statistics table.

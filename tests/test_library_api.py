@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def test_a_target_of_ones_own_gets_no_packaged_draft_and_drafts_with_the_suffix_drafter(monkeypatch):
     import specdec
-    from specdec.pipeline import SpecDecoder
+    from specdec.decoder import SpecDecoder
 
     seen = {}
 

@@ -13,14 +13,17 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.backends.llamacpp_backend import (
-    EXACT_REPACKED_ROWS, INVARIANT_ROWS, LlamaCppBackend, batch_invariance_problems,
+from specdec.backends.llamacpp.backend import (
+    EXACT_REPACKED_ROWS,
+    INVARIANT_ROWS,
+    LlamaCppBackend,
+    batch_invariance_problems,
 )
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine import SpeculativeEngine, plain_engine
-from specdec.kvcache import ContextOverflowError
-from specdec.sampling import probabilities
+from specdec.engine.single import SpeculativeEngine, plain_engine
+from specdec.backends.kvcache import ContextOverflowError
+from specdec.core.sampling import probabilities
 from tiny_gguf import EOS_ID, VOCAB, quantize_q4_k_m, write_tiny_gguf
 
 PREFIX = [(i * 37) % 280 for i in range(40)]
@@ -267,9 +270,9 @@ def test_sampled_output_follows_the_target_distribution(gguf_dir, target, monkey
     assert 0.05 < engine.total_stats.acceptance_rate < 0.98  # the draft really differs from the target
 
     # Negative control: a verifier that accepts every draft token is caught by the same test.
-    import specdec.scheduler as engine_module  # the step code lives there
-    from specdec.sampling import sample_token
-    from specdec.verify import Verdict
+    import specdec.engine.scheduler as engine_module  # the step code lives there
+    from specdec.core.sampling import sample_token
+    from specdec.core.verify import Verdict
 
     def always_accept(tokens, draft_probs, target_probs, generator):
         return Verdict(len(tokens), sample_token(target_probs[len(tokens)], generator), True)
@@ -289,7 +292,7 @@ def test_sampled_output_follows_the_target_distribution(gguf_dir, target, monkey
 
 
 def test_load_pair_picks_llama_cpp_for_gguf_and_reads_the_tokenizer(gguf_dir, tmp_path, monkeypatch):
-    from specdec.models import VocabMismatchError, check_vocab_compatible, load_pair
+    from specdec.loading.models import VocabMismatchError, check_vocab_compatible, load_pair
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     target, draft = load_pair(str(gguf_dir["target"]), str(gguf_dir["draft"]), max_context=256, threads=1,
@@ -314,7 +317,7 @@ def test_load_pair_picks_llama_cpp_for_gguf_and_reads_the_tokenizer(gguf_dir, tm
 
 
 def test_backend_choice_and_errors(gguf_dir, tmp_path):
-    from specdec.models import ModelLoadError, ResolvedModel, choose_backend, load_backend
+    from specdec.loading.models import ModelLoadError, ResolvedModel, choose_backend, load_backend
 
     gguf = ResolvedModel(str(gguf_dir["target"].parent), gguf_dir["target"].name, label="t")
     hf_dir = ResolvedModel(str(tmp_path), label="dir")
@@ -330,7 +333,7 @@ def test_backend_choice_and_errors(gguf_dir, tmp_path):
 
 
 def test_cli_generate_on_llama_cpp(gguf_dir, tmp_path, monkeypatch, capsys):
-    from specdec.cli import main
+    from specdec.cli.main import main
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     code = main(["generate", str(gguf_dir["target"]), "--draft", str(gguf_dir["draft"]), "--max-tokens", "12",
@@ -350,7 +353,7 @@ def test_cli_generate_on_llama_cpp(gguf_dir, tmp_path, monkeypatch, capsys):
 def test_server_serves_the_llama_cpp_backend(target, draft):
     from fastapi.testclient import TestClient
 
-    from specdec.pipeline import SpecDecoder
+    from specdec.decoder import SpecDecoder
     from specdec.server import create_app
 
     class WordTokenizer:  # ids as words: the server only needs encode/decode here

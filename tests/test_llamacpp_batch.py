@@ -14,15 +14,15 @@ import pytest
 import torch
 
 from specdec.backends.base import BatchRows, forward_batch
-from specdec.backends.llamacpp_backend import LlamaCppUnavailable, llama_cpp_module
-from specdec.kvcache import ContextOverflowError
+from specdec.backends.llamacpp.backend import LlamaCppUnavailable, llama_cpp_module
+from specdec.backends.kvcache import ContextOverflowError
 
 try:
     llama_cpp_module()
 except LlamaCppUnavailable as exc:  # pragma: no cover - depends on the machine
     pytest.skip(f"llama.cpp is not available: {exc}", allow_module_level=True)
 
-from specdec.backends.llamacpp_backend import LlamaCppBackend, batch_invariance_problems  # noqa: E402
+from specdec.backends.llamacpp.backend import LlamaCppBackend, batch_invariance_problems  # noqa: E402
 from tiny_gguf import quantize_q4_k_m, write_tiny_gguf  # noqa: E402
 
 PROMPT = [(i * 37) % 280 for i in range(40)]
@@ -247,9 +247,9 @@ def test_parallel_gives_every_sequence_room_for_max_context(models, exact):
 
 def test_loaders_pass_parallel_to_both_models(models, monkeypatch):
     from specdec.config import ConfigError, ModelRef, from_json, to_json
-    from specdec.models import load_pair
+    from specdec.loading.models import load_pair
 
-    monkeypatch.setattr("specdec.gguf_tokenizer.load_gguf_tokenizer", lambda *args, **kwargs: None)
+    monkeypatch.setattr("specdec.loading.gguf_tokenizer.load_gguf_tokenizer", lambda *args, **kwargs: None)
     target, draft = load_pair(str(models["f32"]), str(models["f32"]), max_context=128, threads=1,
                               batch_invariant=True, parallel=2)
     assert (target.parallel, draft.parallel) == (2, 2)

@@ -27,7 +27,7 @@ from specdec.bench.llamacpp_peer import (
     missing_reason,
     server_flags,
 )
-from specdec.bench.methods import MethodOptions, resolve_methods
+from specdec.bench.method.methods import MethodOptions, resolve_methods
 from specdec.config import ConfigError, SamplingParams
 
 # The fake reads its behaviour from a file beside it: "" (serve), "crash", "hang" (never listens),
@@ -290,15 +290,15 @@ def test_gguf_files_come_from_the_backends_else_from_the_model_references(tmp_pa
     assert gguf_files(SimpleNamespace(target=object(), draft=None), str(target), str(target))[1] is None
     assert gguf_files(torch_pair, str(tmp_path / "missing.gguf"), None) == (None, None)
 
-    import specdec.models
+    import specdec.loading.models
 
     asked = []
 
     def packaged(reference):
         asked.append(reference)
-        return specdec.models.ResolvedModel(str(tmp_path), f"{reference}.gguf")
+        return specdec.loading.models.ResolvedModel(str(tmp_path), f"{reference}.gguf")
 
-    monkeypatch.setattr(specdec.models, "resolve", packaged)
+    monkeypatch.setattr(specdec.loading.models, "resolve", packaged)
     assert gguf_files(torch_pair, "default", "default") == (tmp_path / "default-target.gguf",
                                                             tmp_path / "default-draft.gguf")
     assert asked == ["default-target", "default-draft"]
@@ -332,8 +332,8 @@ def test_methods_are_skipped_without_binaries_and_refused_when_named():
 
 def _torch_decoder_with_gguf_paths(tmp_path):
     """The bench's tiny torch pair, labelled with GGUF paths the way a llama.cpp backend labels itself."""
-    from specdec.backends.transformers_backend import TransformersBackend
-    from specdec.pipeline import SpecDecoder
+    from specdec.backends.pytorch.backend import TransformersBackend
+    from specdec.decoder import SpecDecoder
     from test_bench import tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
@@ -345,7 +345,7 @@ def _torch_decoder_with_gguf_paths(tmp_path):
 
 def test_cli_errors_from_the_peer_are_one_line_config_errors(fake_bin, tmp_path, capsys):
     from specdec.bench.cli import run_bench_command
-    from specdec.cli import build_parser
+    from specdec.cli.main import build_parser
 
     decoder = _torch_decoder_with_gguf_paths(tmp_path)
     base = ["bench", "--limit", "1", "--tasks", "code_edit", "--max-tokens", "3", "--no-warmup", "--no-plot",
@@ -367,11 +367,11 @@ def test_cli_errors_from_the_peer_are_one_line_config_errors(fake_bin, tmp_path,
 
 def test_bench_runs_the_peers_beside_our_engine(fake_bin, tmp_path):
     pytest.importorskip("llama_cpp")
-    from specdec.backends.llamacpp_backend import LlamaCppBackend
+    from specdec.backends.llamacpp.backend import LlamaCppBackend
     from specdec.bench.datasets import BenchPrompt
-    from specdec.bench.report import to_markdown
-    from specdec.bench.runner import BenchConfig, run_bench
-    from specdec.pipeline import SpecDecoder
+    from specdec.bench.method.report import to_markdown
+    from specdec.bench.method.runner import BenchConfig, run_bench
+    from specdec.decoder import SpecDecoder
     from tiny_gguf import write_tiny_gguf
 
     target = LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf", seed=0), max_context=256, threads=1)

@@ -7,8 +7,13 @@ import warnings
 
 import pytest
 
-from specdec.backends import llamacpp_probe
-from specdec.backends.llamacpp_probe import LibraryProbeError, amx_invariant_rows, amx_rows_agree, check_library_runs
+from specdec.backends.llamacpp import probe as llamacpp_probe
+from specdec.backends.llamacpp.probe import (
+    LibraryProbeError,
+    amx_invariant_rows,
+    amx_rows_agree,
+    check_library_runs,
+)
 
 
 @pytest.fixture()
@@ -85,7 +90,7 @@ def test_the_amx_check_reports_a_dying_pass_and_caches_it(isolated):
 
 
 def test_a_failed_amx_check_turns_extra_buffers_off_instead_of_crashing(monkeypatch, tmp_path):
-    from specdec.backends import llamacpp_backend
+    from specdec.backends.llamacpp import backend as llamacpp_backend
     from tiny_gguf import write_tiny_gguf
 
     real = llamacpp_backend.build_features()

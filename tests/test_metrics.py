@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.metrics import SpecStats, expected_tokens_per_step, leviathan_speedup
+from specdec.core.stats import SpecStats, expected_tokens_per_step, leviathan_speedup
 
 
 def test_empty_stats_have_safe_rates():

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import save_tiny_model, tiny_llama, tiny_qwen2, tiny_tokenizer
-from specdec import models
-from specdec.backends.transformers_backend import TransformersBackend
-from specdec.models import (
+from specdec.loading import models
+from specdec.backends.pytorch.backend import TransformersBackend
+from specdec.loading.models import (
     DEFAULT_INSTALL_HINT,
     ModelLoadError,
     PackagedGGUF,
@@ -240,7 +240,7 @@ def test_check_vocab_compatible():
 def test_default_model_ref_loads_the_packaged_pair(monkeypatch):
     # SpecDecoder.load() with ModelRef() used to look for a model named "default" (issue 8, item 9).
     from specdec.config import ModelRef
-    from specdec.pipeline import SpecDecoder
+    from specdec.decoder import SpecDecoder
 
     loaded = []
 

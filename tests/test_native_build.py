@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from specdec.native_build import (
-    amx_decision, cmake_args, cpu_flags, expected_library_features, library_mismatch, rebuild_command,
+from specdec.host.native_build import (
+    amx_decision,
+    cmake_args,
+    cpu_flags,
+    expected_library_features,
+    library_mismatch,
+    rebuild_command,
 )
 
 BASE = {"fpu", "sse4_2", "avx", "avx2", "bmi2", "fma", "f16c"}  # a portable x86-64 CPU of today
@@ -73,7 +78,7 @@ def test_cpuinfo_parsing_and_the_script(tmp_path):
     info.write_text("processor\t: 0\nflags\t\t: fpu avx avx2 avx512f\n\nprocessor\t: 1\nflags\t\t: fpu\n")
     assert cpu_flags(str(info)) == {"fpu", "avx", "avx2", "avx512f"}
     assert cpu_flags(str(tmp_path / "missing")) == frozenset()
-    script = Path(__file__).resolve().parents[1] / "src" / "specdec" / "native_build.py"
+    script = Path(__file__).resolve().parents[1] / "src" / "specdec" / "host" / "native_build.py"
     # The README runs the file directly, before specdec is installed: it must need nothing but the stdlib.
     out = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("-DGGML_NATIVE=OFF -DGGML_LLAMAFILE=OFF") and "specdec: llama.cpp" in out.stderr
@@ -82,11 +87,11 @@ def test_cpuinfo_parsing_and_the_script(tmp_path):
 
 @pytest.mark.skipif(not {"amx_tile", "amx_int8", "avx512_vnni"} <= cpu_flags(), reason="this CPU has no AMX")
 def test_amx_multi_row_pass_runs_and_agrees_with_the_non_amx_kernels(tmp_path, monkeypatch):
-    from specdec.backends.llamacpp_backend import build_features
+    from specdec.backends.llamacpp.backend import build_features
 
     if not build_features().get("AMX_INT8"):
         pytest.skip("this llama.cpp library was built without AMX (see native_build.py)")
-    from specdec.backends.llamacpp_probe import amx_rows_agree
+    from specdec.backends.llamacpp.probe import amx_rows_agree
     from tiny_gguf import quantize_q4_k_m, write_tiny_gguf
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))

@@ -19,13 +19,13 @@ import torch
 
 from conftest import assert_cache_keeps
 from markov_backend import MarkovCache
-from specdec import kvcache
+from specdec.backends import kvcache
 from specdec.backends.base import forward_rows
-from specdec.backends.transformers_backend import TransformersBackend
+from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine import SpeculativeEngine, plain_engine
-from specdec.kvcache import ContextOverflowError, common_prefix_length
+from specdec.engine.single import SpeculativeEngine, plain_engine
+from specdec.backends.kvcache import ContextOverflowError, common_prefix_length
 
 VOCAB = 40
 
@@ -357,7 +357,7 @@ def test_the_slots_of_one_batch_engine_keep_their_prefixes_side_by_side(parallel
     """Two conversations served together, then continued together: each continuation reuses its own slot's
     prefix (llama-server's slots), unless the target's memory holds fewer sequences than there are slots
     (parallel 1: the old one-prefix-per-backend rule, the control that the counts can tell the difference)."""
-    from specdec.scheduler import BatchEngine
+    from specdec.engine.scheduler import BatchEngine
 
     target, _ = hash_pair()
     if parallel is not None:
@@ -464,7 +464,7 @@ def gguf(tmp_path_factory):
 
 
 def _llama(path, **kwargs):
-    from specdec.backends.llamacpp_backend import LlamaCppBackend
+    from specdec.backends.llamacpp.backend import LlamaCppBackend
 
     return LlamaCppBackend(path, threads=1, **kwargs)
 
@@ -547,7 +547,7 @@ def test_llama_cpp_engines_sharing_a_backend_do_not_run_out_of_kv_cells(gguf, mo
 def test_llama_cpp_slots_of_one_engine_keep_full_prefixes_in_a_parallel_backend(gguf):
     """With parallel=2 the KV memory holds two full contexts: two conversations that fill most of max_context
     each are kept side by side between requests and both continue from their own slot, with no overflow."""
-    from specdec.scheduler import BatchEngine
+    from specdec.engine.scheduler import BatchEngine
 
     target = _llama(gguf["target"], name="small", max_context=256, batch_invariant=False, parallel=2)
     batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=2)

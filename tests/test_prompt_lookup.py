@@ -19,7 +19,7 @@ from markov_backend import (  # noqa: F401
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import available_drafters, create_drafter
 from specdec.drafters.prompt_lookup import NgramIndex, PromptLookupDrafter
-from specdec.engine import SpeculativeEngine, plain_engine
+from specdec.engine.single import SpeculativeEngine, plain_engine
 
 REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
 
@@ -188,9 +188,9 @@ def test_sampled_output_is_distributed_as_the_target():
 
 
 def test_pipeline_and_cli_run_prompt_lookup_without_a_draft_model(target_backend):
-    from specdec.cli import build_parser
-    from specdec.cli_common import model_ref_from_args, spec_from_args
-    from specdec.pipeline import SpecDecoder
+    from specdec.cli.main import build_parser
+    from specdec.cli.flags import model_ref_from_args, spec_from_args
+    from specdec.decoder import SpecDecoder
 
     args = build_parser().parse_args(["generate", "--drafter", "prompt_lookup", "--k-policy", "adaptive", "-k", "6"])
     ref = model_ref_from_args(args)

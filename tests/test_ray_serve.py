@@ -123,14 +123,14 @@ def test_merged_metrics_label_each_replica_and_the_summary_adds_them_up():
 
 
 def _serve_args(*argv):
-    from specdec import cli
+    from specdec.cli import main as cli
 
     return cli.build_parser().parse_args(["serve", *argv])
 
 
 def test_ray_flags_are_checked_before_anything_starts():
     pytest.importorskip("fastapi")
-    from specdec.cli import UserError
+    from specdec.cli.main import UserError
     from specdec.server.ray_cli import ray_requested
 
     assert not ray_requested(_serve_args("m.gguf"))
@@ -244,7 +244,7 @@ def reference(pair):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from specdec.pipeline import SpecDecoder
+    from specdec.decoder import SpecDecoder
     from specdec.server import create_app
     from specdec.server.ray_serve import replica_app_parts
 

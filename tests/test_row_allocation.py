@@ -10,14 +10,14 @@ import random
 import pytest
 import torch
 
-from specdec import scheduler
-from specdec.adaptive import AdaptiveK
-from specdec.calibration import interpolate_cost
+from specdec.engine import scheduler
+from specdec.kpolicy.adaptive import AdaptiveK
+from specdec.kpolicy.calibration import interpolate_cost
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine import plain_engine
-from specdec.row_allocation import Candidate, allocate_rows
-from specdec.scheduler import BatchEngine
+from specdec.engine.single import plain_engine
+from specdec.kpolicy.row_allocation import Candidate, allocate_rows
+from specdec.engine.scheduler import BatchEngine
 from test_engine import PrefixLM
 
 # The engine's own decode-only passes of eight sequences, default pair, 2 threads, 2-vCPU EPYC (ttft_profile.py):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec.config import SamplingParams
-from specdec.sampling import greedy_tokens, make_generator, probabilities, sample_token
+from specdec.core.sampling import greedy_tokens, make_generator, probabilities, sample_token
 
 
 def sp(**kwargs) -> SamplingParams:

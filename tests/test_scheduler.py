@@ -9,14 +9,14 @@ import types
 import numpy as np
 import pytest
 
-from specdec.adaptive import AdaptiveK, Ewma
-from specdec.backends.llamacpp_backend import LlamaCppBackend
+from specdec.kpolicy.adaptive import AdaptiveK, Ewma
+from specdec.backends.llamacpp.backend import LlamaCppBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine import SpeculativeEngine, plain_engine
-from specdec import scheduler
-from specdec.scheduler import BatchEngine
-from specdec.verify import Verdict
+from specdec.engine.single import SpeculativeEngine, plain_engine
+from specdec.engine import scheduler
+from specdec.engine.scheduler import BatchEngine
+from specdec.core.verify import Verdict
 from test_engine import SAMPLED, PrefixLM, chi_square_p, exact_sequence_distribution
 
 
@@ -83,7 +83,7 @@ def test_sampled_sequences_side_by_side_follow_the_target(monkeypatch):
     """Sampled, k=3: six sequences share every step, each with its own seed; their first three tokens jointly
     follow the target (chi-square against the exact distribution), and a negative control whose verifier accepts
     every draft is rejected: the test can fail."""
-    import specdec.scheduler as scheduler
+    import specdec.engine.scheduler as scheduler
 
     target = PrefixLM(vocab=4, seed=11)
     draft = PrefixLM(vocab=4, seed=12, scale=1.2, base=target)
@@ -93,7 +93,7 @@ def test_sampled_sequences_side_by_side_follow_the_target(monkeypatch):
     assert p_value > 1e-3 and tv < 0.06, (p_value, tv)
 
     def always_accept(tokens, draft_probs, target_probs, generator):
-        from specdec.sampling import sample_token
+        from specdec.core.sampling import sample_token
 
         return Verdict(len(tokens), sample_token(target_probs[len(tokens)], generator), True)
 

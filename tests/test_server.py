@@ -21,13 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from specdec.backends.transformers_backend import TransformersBackend  # noqa: E402
+from specdec.backends.pytorch.backend import TransformersBackend  # noqa: E402
 from specdec.config import SamplingParams  # noqa: E402
-from specdec.pipeline import SpecDecoder  # noqa: E402
-from specdec.server import (
-    create_app,  # noqa: E402
-    sse,  # noqa: E402
-)
+from specdec.decoder import SpecDecoder  # noqa: E402
+from specdec.server import create_app, sse
 
 MAX_CONTEXT = 256
 CHAT_TEMPLATE = (

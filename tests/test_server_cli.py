@@ -18,14 +18,14 @@ import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from specdec import cli  # noqa: E402
+from specdec.cli import main as cli  # noqa: E402
 from specdec.config import SamplingParams  # noqa: E402
-from specdec.engine import Chunk  # noqa: E402
-from specdec.metrics import SpecStats  # noqa: E402
-from specdec.models import ModelLoadError  # noqa: E402
-from specdec.pipeline import SpecDecoder  # noqa: E402
+from specdec.engine.single import Chunk  # noqa: E402
+from specdec.core.stats import SpecStats  # noqa: E402
+from specdec.loading.models import ModelLoadError  # noqa: E402
+from specdec.decoder import SpecDecoder  # noqa: E402
 from specdec.server import create_app  # noqa: E402
-from specdec.scheduler import StepOutput  # noqa: E402
+from specdec.engine.scheduler import StepOutput  # noqa: E402
 from specdec.server.worker import EngineWorker, Job  # noqa: E402
 from test_server import make_decoder, tiny_tokenizer  # noqa: E402
 
@@ -224,7 +224,7 @@ def test_serve_subcommand_is_registered_with_vllm_style_flags(monkeypatch):
 
 
 def test_serve_without_a_draft_model_serves_with_the_suffix_drafter():
-    from specdec.cli_common import model_ref_from_args, spec_from_args
+    from specdec.cli.flags import model_ref_from_args, spec_from_args
 
     args = cli.build_parser().parse_args(["serve", "some/model", "--port", "0"])
     ref = model_ref_from_args(args)
@@ -338,7 +338,7 @@ def _serve(*argv):
 
 
 def test_parallel_defaults_to_llama_servers_slot_count_on_llamacpp_and_one_on_torch(tmp_path, monkeypatch):
-    from specdec import models
+    from specdec.loading import models
     from specdec.server.cli import AUTO_PARALLEL, _limits_from_args, resolved_parallel
 
     gguf = tmp_path / "m.gguf"
@@ -362,7 +362,7 @@ def test_parallel_defaults_to_llama_servers_slot_count_on_llamacpp_and_one_on_to
 def test_the_parallel_default_does_not_assemble_the_packaged_model_before_the_server_listens(monkeypatch):
     """The packaged default is a GGUF file: deciding the slot count never assembles it (the background load does,
     while /health says loading)."""
-    from specdec import models
+    from specdec.loading import models
     from specdec.server.cli import AUTO_PARALLEL, resolved_parallel
 
     monkeypatch.setattr(models, "_require_llama_cpp", lambda: None)

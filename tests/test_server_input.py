@@ -23,8 +23,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from specdec.backends.transformers_backend import TransformersBackend
-from specdec.pipeline import SpecDecoder
+from specdec.backends.pytorch.backend import TransformersBackend
+from specdec.decoder import SpecDecoder
 from specdec.server import create_app
 from specdec.server.errors import APIError, error_body
 from specdec.server.schemas import lone_surrogate_path

@@ -21,7 +21,7 @@ pytest.importorskip("uvicorn")
 import httpx
 from fastapi.testclient import TestClient
 
-from specdec import cli
+from specdec.cli import main as cli
 from specdec.server import create_app
 from specdec.server.http_protocol import header_deadline_protocol
 from specdec.server.limits import LOOPBACK_HOSTS, ServerLimits, host_check_list, host_name, is_loopback
@@ -300,9 +300,9 @@ SERVE_SCRIPT = r"""
 import sys, time
 sys.path.insert(0, sys.argv[1])
 from conftest import tiny_qwen2, tiny_tokenizer
-from specdec import cli
-from specdec.backends.transformers_backend import TransformersBackend
-from specdec.pipeline import SpecDecoder
+from specdec.cli import main as cli
+from specdec.backends.pytorch.backend import TransformersBackend
+from specdec.decoder import SpecDecoder
 
 class Slow(TransformersBackend):
     def forward(self, tokens, cache, num_logits=1):

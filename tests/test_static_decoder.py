@@ -11,12 +11,12 @@ import torch
 from conftest import VOCAB, tiny_llama, tiny_qwen2
 from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from specdec.backends.static_decoder import static_support
-from specdec.backends.transformers_backend import TransformersBackend
+from specdec.backends.pytorch.static_decoder import static_support
+from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine import SpeculativeEngine, plain_engine
-from specdec.kvcache import ContextOverflowError
+from specdec.engine.single import SpeculativeEngine, plain_engine
+from specdec.backends.kvcache import ContextOverflowError
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -79,7 +79,7 @@ def test_compiled_layers_equal_transformers_forward(arch):
 
 def test_a_failed_compile_falls_back_to_eager_layers(monkeypatch, capsys):
     """Negative control: a compile that raises is reported, and the eager layers give the same logits."""
-    from specdec.backends import static_decoder
+    from specdec.backends.pytorch import static_decoder
 
     def broken(function):
         def fails(*args, **kwargs):
@@ -168,7 +168,7 @@ def test_speculative_greedy_on_the_static_path_equals_eager_plain(drafter):
 
 
 def test_dummy_model_follows_its_successor_rule():
-    from specdec.bench.dummy import build_dummy_model, dummy_prompts, successor_table
+    from specdec.bench.gpu.dummy import build_dummy_model, dummy_prompts, successor_table
 
     successor = successor_table(vocab=512)
     model = build_dummy_model("tiny", "cpu", torch.bfloat16, successor, vocab=512, max_positions=512)
@@ -203,7 +203,7 @@ def test_cuda_graph_logits_equal_transformers_forward_fp32(arch):
 @needs_cuda
 def test_cuda_graph_greedy_equals_transformers_eager_greedy_fp32():
     """Our engine on CUDA graphs (plain, draft model, prompt lookup) vs transformers' generate, fp32, eager."""
-    from specdec.bench.hf_peer import hf_generate
+    from specdec.bench.method.hf_peer import hf_generate
 
     model = tiny_qwen2(0, layers=3).cuda()
     reference_model = tiny_qwen2(0, layers=3).cuda()
@@ -226,7 +226,7 @@ def test_cuda_graph_greedy_equals_transformers_eager_greedy_fp32():
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_sampling_uses_a_cuda_generator_and_is_seeded():
-    from specdec.sampling import make_generator, sample_token
+    from specdec.core.sampling import make_generator, sample_token
 
     probs = torch.tensor([0.0, 0.5, 0.0, 0.25, 0.25, 0.0], device="cuda")
     draws = [[sample_token(probs, g) for _ in range(300)] for g in (make_generator(3, "cuda"), make_generator(3, "cuda"))]

@@ -11,7 +11,7 @@ from markov_backend import MarkovBackend, chi_square_pvalue, random_table, sampl
 from specdec.config import ConfigError, SamplingParams, SpecConfig
 from specdec.drafters import available_drafters, create_drafter
 from specdec.drafters.suffix import SuffixCache, SuffixDrafter, SuffixTrie
-from specdec.engine import SpeculativeEngine, plain_engine
+from specdec.engine.single import SpeculativeEngine, plain_engine
 
 
 def trie_counts(trie: SuffixTrie) -> Counter:

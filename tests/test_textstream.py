@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import pytest
 
-from specdec.textstream import TextStream
+from specdec.engine.textstream import TextStream
 
 WORDS = {i: w for i, w in enumerate(["Hel", "lo", " wor", "ld", "!", " E", "N", "D", " more", "\n", "\n", "x"])}
 

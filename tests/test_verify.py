@@ -16,8 +16,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.sampling import sample_token
-from specdec.verify import Verdict, verify_greedy, verify_sampled
+from specdec.core.sampling import sample_token
+from specdec.core.verify import Verdict, verify_greedy, verify_sampled
 
 V = 6
 START = V  # "previous token" index used for the first position
@@ -354,7 +354,7 @@ def test_rejection_sampling_on_cuda_emits_the_target_distribution(kind, k, draws
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_negative_control_on_cuda_always_accepting_is_detected():
     def always_accept(tokens, draft_probs, target_probs, generator):
-        from specdec.sampling import sample_token
+        from specdec.core.sampling import sample_token
 
         return Verdict(len(tokens), sample_token(target_probs[len(tokens)], generator), True)
 

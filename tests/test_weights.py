@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 from conftest import tiny_llama, tiny_qwen2
-from specdec.backends.transformers_backend import TransformersBackend
-from specdec.backends.weights import PackedFp32Linear, RowExactInt8Linear, apply_weight_format
+from specdec.backends.pytorch.backend import TransformersBackend
+from specdec.backends.pytorch.weights import PackedFp32Linear, RowExactInt8Linear, apply_weight_format
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine import SpeculativeEngine, plain_engine
+from specdec.engine.single import SpeculativeEngine, plain_engine
 
 
 def linear(seed: int, in_features: int = 48, out_features: int = 32, bias: bool = True) -> nn.Linear:

@@ -157,7 +157,7 @@ def quantize_q4_k_m(source: str | Path, destination: str | Path) -> Path:
     """
     import ctypes
 
-    from specdec.backends.llamacpp_backend import llama_cpp_module
+    from specdec.backends.llamacpp.backend import llama_cpp_module
 
     llama_cpp = llama_cpp_module()
     params = llama_cpp.llama_model_quantize_default_params()

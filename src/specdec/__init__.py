@@ -1,27 +1,27 @@
 """specdec public API: load a target/draft pair, then generate or stream losslessly with speculative decoding."""
 
-from .amx_guard import keep_onednn_off_amx
+import importlib
 
-keep_onednn_off_amx()  # before torch computes anything (see amx_guard.py)
+from specdec.host.amx_guard import keep_onednn_off_amx
 
-from .config import ConfigError, ModelRef, SamplingParams, SpecConfig  # noqa: E402
+keep_onednn_off_amx()  # before torch computes anything (see host/amx_guard.py)
 
-__version__ = "0.1.0"
+from specdec.config import ConfigError, ModelRef, SamplingParams, SpecConfig  # noqa: E402
+from specdec.version import __version__  # noqa: E402
 
 # The names that need torch are imported on first use (PEP 562), so `import specdec` (and the `specdec`
 # console script, which imports this package first) costs milliseconds: a Ctrl-C during torch's import
 # then lands in the command's handler, which reports it in one line, not in a traceback from here.
 _LAZY = {
-    "Chunk": ".engine", "Generation": ".engine", "SpeculativeEngine": ".engine", "plain_engine": ".engine",
-    "SpecStats": ".metrics", "SpecDecoder": ".pipeline",
+    "Chunk": "specdec.engine.single", "Generation": "specdec.engine.single", "StepOutput": "specdec.engine.scheduler",
+    "SpeculativeEngine": "specdec.engine.single", "plain_engine": "specdec.engine.single",
+    "BatchEngine": "specdec.engine.scheduler", "SpecStats": "specdec.core.stats", "SpecDecoder": "specdec.decoder",
 }
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -42,16 +42,14 @@ def load(target: str = "default", draft: str | None = "auto", weight_format: str
     """
     if draft == "auto":
         draft = "default" if target == "default" else None
-    from .pipeline import SpecDecoder
-
     ref = ModelRef(target, draft, weight_format, max_context, draft_weight_format=draft_weight_format,
                    backend=backend, threads=threads, batch_invariant=exact)
-    return SpecDecoder.load(ref, spec)
+    return __getattr__("SpecDecoder").load(ref, spec)
 
 
 __all__ = [
-    "Chunk", "ConfigError", "Generation", "ModelRef", "SamplingParams", "SpecConfig", "SpecDecoder",
-    "SpecStats", "SpeculativeEngine", "load", "plain_engine", "__version__",
+    "BatchEngine", "Chunk", "ConfigError", "Generation", "ModelRef", "SamplingParams", "SpecConfig", "SpecDecoder",
+    "SpecStats", "SpeculativeEngine", "StepOutput", "load", "plain_engine", "__version__",
 ]
 
 

@@ -7,7 +7,7 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from ..kvcache import ContextOverflowError, KVCache
+from specdec.backends.kvcache import ContextOverflowError, KVCache
 
 
 @runtime_checkable

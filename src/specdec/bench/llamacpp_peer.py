@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends.hugepages import environment_as_given
-from ..config import SamplingParams
-from ..metrics import SpecStats
+from specdec.host.hugepages import environment_as_given
+from specdec.config import SamplingParams
+from specdec.core.stats import SpecStats
 
 SERVER_BINARY = "llama-server"
 DEFAULT_VERSION = "0.3.36"
@@ -48,7 +48,7 @@ def binaries_dir(explicit: str | None = None) -> Path:
         return Path(explicit).expanduser()
     if os.environ.get("SPECDEC_LLAMACPP_BIN"):
         return Path(os.environ["SPECDEC_LLAMACPP_BIN"]).expanduser()
-    from ..models import cache_dir
+    from specdec.loading.models import cache_dir
 
     try:
         import llama_cpp
@@ -75,7 +75,7 @@ def gguf_files(
             return Path(path)
         if not reference:
             return None
-        from ..models import ModelLoadError, resolve
+        from specdec.loading.models import ModelLoadError, resolve
 
         try:
             resolved = resolve(f"default-{role}" if reference == "default" else reference)

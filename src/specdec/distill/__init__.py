@@ -8,7 +8,7 @@ The steps are public too: collect_examples (target continuations with top-K log-
 train_draft, save_draft, export_gguf, evaluate_draft / compare / write_report.
 """
 
-from .data import (
+from specdec.distill.data import (
     DEFAULT_TOP_K,
     DistillExample,
     PromptSplit,
@@ -20,11 +20,18 @@ from .data import (
     split_prompt_file,
     split_task,
 )
-from .evaluate import compare, evaluate_draft, write_report
-from .export_gguf import GGUF_TYPES, GGUFExportError, export_gguf
-from .losses import LOSSES, forward_kl, total_variation
-from .run import DistillOptions, distill, encode_prompts
-from .train import TrainConfig, TrainResult, load_trainable_draft, mean_divergence, save_draft, train_draft
+from specdec.distill.evaluate import compare, evaluate_draft, write_report
+from specdec.distill.export_gguf import GGUF_TYPES, GGUFExportError, export_gguf
+from specdec.distill.losses import LOSSES, forward_kl, total_variation
+from specdec.distill.run import DistillOptions, distill, encode_prompts
+from specdec.distill.train import (
+    TrainConfig,
+    TrainResult,
+    load_trainable_draft,
+    mean_divergence,
+    save_draft,
+    train_draft,
+)
 
 __all__ = [
     "DEFAULT_TOP_K", "GGUF_TYPES", "LOSSES", "DistillExample", "DistillOptions", "GGUFExportError", "PromptSplit",

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import BACKENDS, WEIGHT_FORMATS, ConfigError
+from specdec.config import BACKENDS, WEIGHT_FORMATS, ConfigError
 
 
 def register(commands) -> None:
     """Add the `distill` subcommand to the console script's subparsers."""
-    from ..bench.datasets import TASKS
-    from .data import DEFAULT_TOP_K
-    from .evaluate import DEFAULT_EVAL_METHODS
-    from .export_gguf import GGUF_TYPES
-    from .losses import LOSSES
-    from .train import DEFAULT_LR, DTYPES, METHODS
+    from specdec.bench.datasets import TASKS
+    from specdec.distill.data import DEFAULT_TOP_K
+    from specdec.distill.evaluate import DEFAULT_EVAL_METHODS
+    from specdec.distill.export_gguf import GGUF_TYPES
+    from specdec.distill.losses import LOSSES
+    from specdec.distill.train import DEFAULT_LR, DTYPES, METHODS
 
     p = commands.add_parser(
         "distill",
@@ -93,8 +93,8 @@ def register(commands) -> None:
 
 def options_from_args(args: argparse.Namespace):
     """DistillOptions from the flags (every check that needs no model)."""
-    from .run import DistillOptions
-    from .train import TrainConfig
+    from specdec.distill.run import DistillOptions
+    from specdec.distill.train import TrainConfig
 
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
@@ -113,7 +113,7 @@ def options_from_args(args: argparse.Namespace):
 
 def prompts_from_args(args: argparse.Namespace):
     """The train/held-out split the flags ask for; DatasetError (a ValueError) for bad files or numbers."""
-    from .data import split_prompt_file, split_task
+    from specdec.distill.data import split_prompt_file, split_task
 
     if (args.prompts is None) == (args.task is None):
         raise ConfigError("give the training prompts with exactly one of --prompts FILE.jsonl or --task NAME")
@@ -127,7 +127,7 @@ def prompts_from_args(args: argparse.Namespace):
             raise ConfigError("--eval-tasks goes with --task")
         holdout = args.holdout
         if holdout is None and not args.heldout_prompts:
-            from .data import load_prompt_file
+            from specdec.distill.data import load_prompt_file
 
             holdout = max(1, len(load_prompt_file(args.prompts)) // 10)
         split = split_prompt_file(args.prompts, holdout or 0, args.heldout_prompts)
@@ -141,14 +141,14 @@ def prompts_from_args(args: argparse.Namespace):
 def run_distill_command(args: argparse.Namespace) -> int:
     import torch
 
-    from .run import distill
+    from specdec.distill.run import distill
 
     options = options_from_args(args)
     split = prompts_from_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     report = distill(args.model, args.draft, split, args.out, options)
-    from .evaluate import report_markdown
+    from specdec.distill.evaluate import report_markdown
 
     print(report_markdown(report))
     return 0

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from ..bench.datasets import BenchPrompt, DatasetError, load_prompt_file, load_tasks, parse_tasks
-from ..config import SamplingParams
-from ..engine import plain_engine
-from ..kvcache import ContextOverflowError
-from .losses import topk_log_probs
+from specdec.bench.datasets import BenchPrompt, DatasetError, load_prompt_file, load_tasks, parse_tasks
+from specdec.config import SamplingParams
+from specdec.engine.single import plain_engine
+from specdec.backends.kvcache import ContextOverflowError
+from specdec.distill.losses import topk_log_probs
 
 DEFAULT_TOP_K = 64
 
@@ -95,7 +95,7 @@ class TopKRecorder:
 
     def forward_batch(self, batch) -> list[torch.Tensor]:
         """The engine's path (one pass over its sequences' rows): recorded like forward."""
-        from ..backends.base import forward_batch
+        from specdec.backends.base import forward_batch
 
         results = forward_batch(self.backend, batch)
         for logits in results:

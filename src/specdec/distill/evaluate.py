@@ -11,13 +11,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..bench.cells import format_cell
-from ..bench.datasets import BenchPrompt
-from ..bench.methods import MethodOptions, resolve_methods
-from ..bench.report import write_results
-from ..bench.runner import BenchConfig, run_bench
-from ..config import SamplingParams
-from ..pipeline import SpecDecoder
+from specdec.bench.cells import format_cell
+from specdec.bench.datasets import BenchPrompt
+from specdec.bench.method.methods import MethodOptions, resolve_methods
+from specdec.bench.method.report import write_results
+from specdec.bench.method.runner import BenchConfig, run_bench
+from specdec.config import SamplingParams
+from specdec.decoder import SpecDecoder
 
 DEFAULT_EVAL_METHODS = "spec_k4"
 _COLUMNS = (

@@ -119,7 +119,7 @@ def write_gguf(model, path: str | Path, source_gguf: str | Path | None = None,
 
 def quantize_gguf(source: str | Path, destination: str | Path, kind: str = "q4_k_m", threads: int = 0) -> Path:
     """Quantize a GGUF with llama.cpp's quantizer (the one that wrote the default pair's files)."""
-    from ..backends.llamacpp_backend import LlamaCppUnavailable, llama_cpp_module
+    from specdec.backends.llamacpp.backend import LlamaCppUnavailable, llama_cpp_module
 
     if kind not in _LLAMA_FTYPES:
         raise GGUFExportError(f"unknown quantization {kind!r}; choose from {', '.join(_LLAMA_FTYPES)}")

@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import ConfigError, SamplingParams
-from .data import DEFAULT_TOP_K, PromptSplit, collect_examples, load_examples, save_examples
-from .evaluate import DEFAULT_EVAL_METHODS, compare, eval_methods, evaluate_draft, write_report
-from .export_gguf import GGUF_TYPES, GGUFExportError, export_gguf
-from .train import TrainConfig, load_trainable_draft, require_peft, save_draft, train_draft
+from specdec.config import ConfigError, SamplingParams
+from specdec.distill.data import DEFAULT_TOP_K, PromptSplit, collect_examples, load_examples, save_examples
+from specdec.distill.evaluate import DEFAULT_EVAL_METHODS, compare, eval_methods, evaluate_draft, write_report
+from specdec.distill.export_gguf import GGUF_TYPES, GGUFExportError, export_gguf
+from specdec.distill.train import TrainConfig, load_trainable_draft, require_peft, save_draft, train_draft
 
 # general.file_type of a source GGUF -> the type its distilled replacement is written in ("auto").
 _FILE_TYPES = {0: "f32", 1: "f16", 7: "q8_0", 15: "q4_k_m"}
@@ -56,7 +56,7 @@ def _log(message: str) -> None:
 
 def encode_prompts(decoder, prompts, chat: bool | None) -> list[tuple[str, list[int]]]:
     """Token ids of prompts exactly as `specdec bench` encodes them (chat template when there is one)."""
-    from ..bench.runner import BenchConfig, BenchRunner
+    from specdec.bench.method.runner import BenchConfig, BenchRunner
 
     runner = BenchRunner(decoder, BenchConfig(methods=[], chat=chat))
     try:
@@ -77,7 +77,7 @@ def _gguf_kind(option: str | None, source_gguf: Path | None) -> str | None:
 
 
 def _load_draft_for_eval(path: str, options: DistillOptions, runtime: str):
-    from ..models import load_backend
+    from specdec.loading.models import load_backend
 
     return load_backend(path, options.draft_weight_format, options.max_context, "draft", runtime, options.threads)
 
@@ -97,8 +97,8 @@ def distill(
     format (config.json, weights, the target's tokenizer: their vocabularies are checked to be the same),
     draft.gguf when it can be written, distill-data.pt (the collected data), and eval-before/, eval-after/.
     """
-    from ..models import check_vocab_compatible, load_backend
-    from ..pipeline import SpecDecoder
+    from specdec.loading.models import check_vocab_compatible, load_backend
+    from specdec.decoder import SpecDecoder
 
     options = options or DistillOptions()
     require_peft(options.train)
@@ -188,7 +188,7 @@ def _export(model, out: Path, source_gguf: Path | None, target_backend, options:
     kind = _gguf_kind(options.gguf, source_gguf)
     try:
         if options.gguf == "auto" and kind in ("q8_0", "q4_k_m"):
-            from ..backends.llamacpp_backend import llama_cpp_module
+            from specdec.backends.llamacpp.backend import llama_cpp_module
 
             llama_cpp_module()
         return export_gguf(model, out / "draft.gguf", source_gguf, vocab_gguf, kind, options.threads or 0), None

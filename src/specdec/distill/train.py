@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError
-from .data import DistillExample
-from .losses import LOSSES, divergence, restrict_to_vocab
+from specdec.config import ConfigError
+from specdec.distill.data import DistillExample
+from specdec.distill.losses import LOSSES, divergence, restrict_to_vocab
 
 METHODS = ("lora", "full")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -98,22 +98,22 @@ def resolve_device(name: str = "auto") -> torch.device:
 def load_trainable_draft(reference: str, dtype: str = "fp32"):
     """The draft as a plain, trainable transformers model (GGUF weights de-quantized), and its source GGUF or None.
 
-    Uses the model references of specdec.models (hub id, directory, .gguf, the packaged default draft and its
+    Uses the model references of specdec.loading.models (hub id, directory, .gguf, the packaged default draft and its
     cached transformers copy), but none of the inference-only weight formats (packed or int8 linears).
     """
     from transformers import AutoModelForCausalLM
 
-    from ..models import (
-        DEFAULT_MODELS,
-        ModelLoadError,
-        drop_gguf_marker,
-        save_converted,
-        from_pretrained_kwargs,
-        hub_kwargs,
-        resolve,
-        torch_source,
-    )
-    from ..progress import long_work_bars
+    from specdec.loading.models import (
+    DEFAULT_MODELS,
+    ModelLoadError,
+    drop_gguf_marker,
+    save_converted,
+    from_pretrained_kwargs,
+    hub_kwargs,
+    resolve,
+    torch_source,
+)
+    from specdec.loading.progress import long_work_bars
 
     reference = "default-draft" if reference == "default" else reference
     resolved = resolve(reference)

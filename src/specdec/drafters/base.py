@@ -7,7 +7,7 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from ..config import SamplingParams, SpecConfig
+from specdec.config import SamplingParams, SpecConfig
 
 
 @dataclass

@@ -7,11 +7,11 @@ from typing import Sequence
 
 import torch
 
-from ..config import SamplingParams, SpecConfig
-from ..backends.base import BatchRows, embeddable_ids, forward_batch
-from ..kvcache import RetainedPrefix
-from ..sampling import greedy_tokens, probabilities, sample_token
-from .base import Draft, register_drafter
+from specdec.config import SamplingParams, SpecConfig
+from specdec.backends.base import BatchRows, embeddable_ids, forward_batch
+from specdec.backends.kvcache import RetainedPrefix
+from specdec.core.sampling import greedy_tokens, probabilities, sample_token
+from specdec.drafters.base import Draft, register_drafter
 
 
 class DraftModelDrafter:

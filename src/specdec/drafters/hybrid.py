@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..config import SamplingParams, SpecConfig
-from .base import Draft, register_drafter
-from .draft_model import DraftModelDrafter
-from .prompt_lookup import PromptLookupDrafter
+from specdec.config import SamplingParams, SpecConfig
+from specdec.drafters.base import Draft, register_drafter
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
 
 
 class HybridDrafter:

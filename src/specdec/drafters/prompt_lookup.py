@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..config import SamplingParams, SpecConfig
-from .base import Draft, register_drafter
+from specdec.config import SamplingParams, SpecConfig
+from specdec.drafters.base import Draft, register_drafter
 
 
 class NgramIndex:

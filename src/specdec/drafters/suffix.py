@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import SamplingParams, SpecConfig
-from .base import Draft, register_drafter
+from specdec.config import SamplingParams, SpecConfig
+from specdec.drafters.base import Draft, register_drafter
 
 
 class _Node:

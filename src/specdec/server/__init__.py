@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def create_app(*args, **kwargs):
     """Build the FastAPI app; see specdec.server.app.create_app."""
-    from .app import create_app as _create_app
+    from specdec.server.app import create_app as _create_app
 
     return _create_app(*args, **kwargs)
 

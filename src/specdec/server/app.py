@@ -24,14 +24,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..config import SamplingParams
-from ..kvcache import ContextOverflowError
-from . import sse
-from .errors import APIError, bad_request, error_body, error_responses, unsupported
-from .limits import HostCheckMiddleware, RequestBodyGuard, ServerLimits, queue_full
-from .metrics import ServerMetrics
-from .request_limits import check_prompt_chars
-from .schemas import (
+from specdec.config import SamplingParams
+from specdec.backends.kvcache import ContextOverflowError
+from specdec.server import sse
+from specdec.server.errors import APIError, bad_request, error_body, error_responses, unsupported
+from specdec.server.limits import HostCheckMiddleware, RequestBodyGuard, ServerLimits, queue_full
+from specdec.server.metrics import ServerMetrics
+from specdec.server.request_limits import check_prompt_chars
+from specdec.server.schemas import (
     GENERATION_200_DESCRIPTION,
     SSE_RESPONSE,
     ChatCompletionRequest,
@@ -48,7 +48,7 @@ from .schemas import (
     sampling_params,
     usage,
 )
-from .worker import EngineWorker, Job, ServerShuttingDown
+from specdec.server.worker import EngineWorker, Job, ServerShuttingDown
 
 log = logging.getLogger("specdec.server")
 

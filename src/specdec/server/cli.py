@@ -21,9 +21,9 @@ def resolved_parallel(args: argparse.Namespace) -> int:
     its static GPU decoder runs each sequence's forward on its own, so slots there interleave rather than batch).
     Sets args.parallel to the result, so every later reader sees one number."""
     if args.parallel is None:
-        from ..cli_common import model_ref_from_args
-        from ..config import ConfigError
-        from ..models import ModelLoadError, backend_for
+        from specdec.cli.flags import model_ref_from_args
+        from specdec.config import ConfigError
+        from specdec.loading.models import ModelLoadError, backend_for
 
         try:
             ref = model_ref_from_args(args)
@@ -36,13 +36,13 @@ def resolved_parallel(args: argparse.Namespace) -> int:
 
 def register(commands) -> None:
     """Add the `serve` subcommand to the `specdec` argparse subparsers."""
-    from ..cli_common import add_model_arguments, add_spec_arguments
-    from .limits import (  # needs the server extra: imported before the parser is added, so a miss adds nothing
-        DEFAULT_MAX_QUEUE,
-        DEFAULT_MAX_REQUEST_BYTES,
-        DEFAULT_READ_TIMEOUT,
-        DEFAULT_SHUTDOWN_GRACE,
-    )
+    from specdec.cli.flags import add_model_arguments, add_spec_arguments
+    from specdec.server.limits import (
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_READ_TIMEOUT,
+    DEFAULT_SHUTDOWN_GRACE,
+)
 
     serve = commands.add_parser(
         "serve", help="run an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)",
@@ -81,7 +81,7 @@ def register(commands) -> None:
                        help="Host header names accepted (any port), checked against DNS rebinding. Default: "
                        "localhost, 127.0.0.1 and [::1] when bound to loopback without --api-key, else no check; "
                        "'*' turns the check off")
-    from .ray_cli import add_ray_arguments
+    from specdec.server.ray_cli import add_ray_arguments
 
     add_ray_arguments(serve)
     serve.set_defaults(handler=run_serve)
@@ -91,15 +91,15 @@ def served_names(args: argparse.Namespace) -> list[str]:
     if args.served_model_name:
         return list(args.served_model_name)
     if args.model == "default":
-        from ..models import DEFAULT_MODELS
+        from specdec.loading.models import DEFAULT_MODELS
 
         return [DEFAULT_MODELS["default-target"].label]
     return [args.model]
 
 
 def _limits_from_args(args: argparse.Namespace):
-    from ..cli import UserError
-    from .limits import ServerLimits
+    from specdec.cli.main import UserError
+    from specdec.server.limits import ServerLimits
 
     for flag, value in (("--max-request-bytes", args.max_request_bytes), ("--max-queue", args.max_queue),
                         ("--parallel", 1 if args.parallel is None else args.parallel)):
@@ -112,16 +112,16 @@ def _limits_from_args(args: argparse.Namespace):
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from ..cli import UserError
-    from ..cli_common import model_ref_from_args, spec_from_args
+    from specdec.cli.main import UserError
+    from specdec.cli.flags import model_ref_from_args, spec_from_args
 
     try:
         import uvicorn
 
-        from .app import create_app
-        from .http_protocol import header_deadline_protocol
-        from .limits import host_check_list, is_loopback
-        from .shutdown import GracefulServer
+        from specdec.server.app import create_app
+        from specdec.server.http_protocol import header_deadline_protocol
+        from specdec.server.limits import host_check_list, is_loopback
+        from specdec.server.shutdown import GracefulServer
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise UserError(f"the server needs its extras: pip install 'specdec[server]' ({exc.name} is missing)")
     if not 0 <= args.port <= 65535:
@@ -133,13 +133,13 @@ def run_serve(args: argparse.Namespace) -> int:
     # Everything cheap is checked before minutes are spent loading models.
     ref = dataclasses.replace(model_ref_from_args(args), parallel=args.parallel)
     spec = spec_from_args(args, has_draft_model=ref.draft is not None)
-    from .ray_cli import ray_requested, run_ray_serve
+    from specdec.server.ray_cli import ray_requested, run_ray_serve
 
     if ray_requested(args):  # N replicas on Ray Serve, each loading its own pair (ray_serve.py)
         return run_ray_serve(args)
 
     def load():
-        from ..pipeline import SpecDecoder
+        from specdec.decoder import SpecDecoder
 
         return SpecDecoder.load(ref, spec)
 

@@ -9,7 +9,7 @@ import json
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .errors import error_body
+from specdec.server.errors import error_body
 
 
 def header_deadline_protocol(timeout: float) -> type[H11Protocol]:

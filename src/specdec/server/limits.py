@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
 
-from .errors import APIError
-from .metrics import ServerMetrics
+from specdec.server.errors import APIError
+from specdec.server.metrics import ServerMetrics
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_QUEUE = 64

@@ -18,7 +18,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from ..metrics import SpecStats
+from specdec.core.stats import SpecStats
 
 # vLLM's buckets, so dashboards built for vLLM read ours the same way.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

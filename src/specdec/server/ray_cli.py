@@ -46,7 +46,7 @@ def ray_requested(args: argparse.Namespace) -> bool:
         return True
     stray = [name for name in RAY_ONLY_FLAGS if getattr(args, name, None) is not None]
     if stray:
-        from ..cli import UserError
+        from specdec.cli.main import UserError
 
         raise UserError(f"--{stray[0].replace('_', '-')} applies to replicas on Ray Serve: add --replicas N "
                         "(or --min-replicas/--max-replicas)")
@@ -55,8 +55,8 @@ def ray_requested(args: argparse.Namespace) -> bool:
 
 def scaling_from_args(args: argparse.Namespace):
     """The replicas' count, autoscaling bounds and reservations, checked; fills in --threads (per replica)."""
-    from ..cli import UserError
-    from .ray_serve import Scaling
+    from specdec.cli.main import UserError
+    from specdec.server.ray_serve import Scaling
 
     for flag in ("replicas", "min_replicas", "max_replicas", "max_ongoing_requests"):
         value = getattr(args, flag, None)
@@ -72,7 +72,7 @@ def scaling_from_args(args: argparse.Namespace):
         raise UserError(f"--replicas ({args.replicas}) is less than --min-replicas ({low})")
     if (low is not None or high is not None) and max(low or 0, high or 0, args.replicas or 0) < 1:
         raise UserError("autoscaling needs --max-replicas (or --replicas) of at least 1")
-    from .cli import resolved_parallel
+    from specdec.server.cli import resolved_parallel
 
     parallel = resolved_parallel(args)
     target = args.target_ongoing_requests if args.target_ongoing_requests is not None else float(parallel)
@@ -96,14 +96,14 @@ def scaling_from_args(args: argparse.Namespace):
 def run_ray_serve(args: argparse.Namespace) -> int:
     """Start (or join) Ray, deploy the application on Ray Serve's proxy at --host/--port, serve until SIGINT or
     SIGTERM, then delete it (and stop the Ray instance this command started)."""
-    from ..cli import UserError
-    from .limits import is_loopback
+    from specdec.cli.main import UserError
+    from specdec.server.limits import is_loopback
 
     try:
         import ray
         from ray import serve
 
-        from .ray_serve import APP_NAME, build_application
+        from specdec.server.ray_serve import APP_NAME, build_application
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise UserError(f"--replicas needs Ray Serve: pip install 'specdec[ray]' ({exc.name} is missing)")
     scaling = scaling_from_args(args)
@@ -148,7 +148,7 @@ def run_ray_serve(args: argparse.Namespace) -> int:
 
 def _why_not_started(serve) -> str | None:
     """The engine deployment's own account of its failure: the last line of the error a replica raised."""
-    from .ray_serve import APP_NAME, ENGINE
+    from specdec.server.ray_serve import APP_NAME, ENGINE
 
     try:
         message = serve.status().applications[APP_NAME].deployments[ENGINE].message

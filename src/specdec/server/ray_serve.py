@@ -46,9 +46,9 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import ray_affinity, sse
-from .errors import APIError, error_body
-from .limits import host_name
+from specdec.server import ray_affinity, sse
+from specdec.server.errors import APIError, error_body
+from specdec.server.limits import host_name
 
 log = logging.getLogger("specdec.server.ray")
 
@@ -107,9 +107,9 @@ def serve_namespace(values: Mapping[str, Any]) -> argparse.Namespace:
 
 def replica_app_parts(args: argparse.Namespace):
     """What `specdec serve` builds from its arguments: the model ref, spec, names, limits and Host list."""
-    from ..cli_common import model_ref_from_args, spec_from_args
-    from .cli import _limits_from_args, served_names
-    from .limits import host_check_list
+    from specdec.cli.flags import model_ref_from_args, spec_from_args
+    from specdec.server.cli import _limits_from_args, served_names
+    from specdec.server.limits import host_check_list
 
     limits = _limits_from_args(args)
     allowed_hosts = host_check_list(args.host, args.api_key, args.allowed_hosts)
@@ -192,8 +192,8 @@ class SpecdecEngine:
     """One replica of the speculative engine: its own model pair, threads, queue and create_app app."""
 
     async def __init__(self, serve_args: Mapping[str, Any], metrics=None):
-        from ..pipeline import SpecDecoder
-        from .app import create_app
+        from specdec.decoder import SpecDecoder
+        from specdec.server.app import create_app
 
         args = serve_namespace(serve_args)
         ref, spec, names, limits, allowed_hosts = replica_app_parts(args)
@@ -276,7 +276,7 @@ class SpecdecMetrics:
     """The latest metrics report of every live engine replica."""
 
     def __init__(self):
-        from .ray_metrics import ReplicaBoard
+        from specdec.server.ray_metrics import ReplicaBoard
 
         self.board = ReplicaBoard()
 
@@ -332,7 +332,7 @@ class SpecdecIngress:
     """Reads each request, picks its affinity key, forwards it to an engine replica and relays the response."""
 
     def __init__(self, engine, metrics, serve_args: Mapping[str, Any]):
-        from .limits import host_check_list
+        from specdec.server.limits import host_check_list
 
         args = serve_namespace(serve_args)
         self.engine = engine
@@ -471,7 +471,7 @@ class SpecdecIngress:
         from prometheus_client import CONTENT_TYPE_LATEST
         from prometheus_client.metrics_core import GaugeMetricFamily
 
-        from .ray_metrics import merged_exposition
+        from specdec.server.ray_metrics import merged_exposition
 
         snapshot = await self.metrics.snapshot.remote()
         replicas = {entry["replica"]: entry["exposition"] for entry in snapshot["replicas"]}
@@ -483,7 +483,7 @@ class SpecdecIngress:
     async def _replicas(self) -> Response:
         import json
 
-        from .ray_metrics import summary
+        from specdec.server.ray_metrics import summary
 
         snapshot = await self.metrics.snapshot.remote()
         return Response(json.dumps(summary(snapshot, self.counters.values), indent=1), media_type="application/json")
@@ -562,8 +562,8 @@ def app_builder(args: Mapping[str, Any]):
     """For Ray's `serve run` / `serve deploy` (import_path: specdec.server.ray_serve:app_builder): `args` are
     `specdec serve` flags without their dashes (`model`, `draft`, `threads`, `exact: true`, `replicas`,
     `min_replicas`, ...), checked by the same parser."""
-    from ..cli import build_parser
-    from .ray_cli import scaling_from_args
+    from specdec.cli.main import build_parser
+    from specdec.server.ray_cli import scaling_from_args
 
     argv = ["serve"]
     for name, value in dict(args).items():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import APIError
+from specdec.server.errors import APIError
 
 # OpenAI allows 4 stop sequences; 16 leaves room for clients that send more (evaluation harnesses), and the
 # engine checks every one of them after every step, so their number and length bound each step's cost.

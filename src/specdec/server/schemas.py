@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..config import ConfigError, SamplingParams
-from .errors import bad_request, unsupported
-from .request_limits import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
+from specdec.config import ConfigError, SamplingParams
+from specdec.server.errors import bad_request, unsupported
+from specdec.server.request_limits import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
 # ---------------------------------------------------------------------------------------------------------
 # Requests

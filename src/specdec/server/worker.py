@@ -21,10 +21,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import SamplingParams
-from ..engine import Chunk
-from ..metrics import SpecStats
-from .metrics import ServerMetrics
+from specdec.config import SamplingParams
+from specdec.engine.single import Chunk
+from specdec.core.stats import SpecStats
+from specdec.server.metrics import ServerMetrics
 
 log = logging.getLogger("specdec.server")
 

@@ -1,6 +1,6 @@
 """specdec tune: choose the draft (model, drafter and k policy) by measuring candidates on your prompts, as a library.
 
-    from specdec.models import load_backend
+    from specdec.loading.models import load_backend
     from specdec.tune import DraftCandidate, TuneOptions, tune, write_outputs
     target = load_backend("target.gguf", role="target")
     result = tune(target, [DraftCandidate("d", "draft.gguf")], prompts, TuneOptions(),
@@ -11,7 +11,7 @@
 `read_run_config` / `write_run_config` read and write the config file generate, serve and bench take (--config).
 """
 
-from .candidates import (
+from specdec.tune.candidates import (
     DRAFTERS,
     K_POLICIES,
     DraftCandidate,
@@ -20,11 +20,17 @@ from .candidates import (
     methods_for,
     parse_drafts,
 )
-from .config_file import RunConfig, argument_defaults, bench_method_name, read_run_config, write_run_config
-from ..intervals import SpeedupInterval, paired_ratios, speedup_interval
-from .ranking import Recommendation, rank
-from .report import to_markdown, tuned_model_ref, write_outputs
-from .run import TuneResult, rows_from_results, tune
+from specdec.cli.run_config import (
+    RunConfig,
+    argument_defaults,
+    bench_method_name,
+    read_run_config,
+    write_run_config,
+)
+from specdec.core.intervals import SpeedupInterval, paired_ratios, speedup_interval
+from specdec.tune.ranking import Recommendation, rank
+from specdec.tune.report import to_markdown, tuned_model_ref, write_outputs
+from specdec.tune.run import TuneResult, rows_from_results, tune
 
 __all__ = [
     "DRAFTERS", "K_POLICIES", "DraftCandidate", "PolicyChoice", "Recommendation", "RunConfig", "SpeedupInterval",

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..bench.methods import Method
-from ..config import ConfigError, SpecConfig, adaptive_max_k
+from specdec.bench.method.methods import Method
+from specdec.config import ConfigError, SpecConfig, adaptive_max_k
 
 # Drafters that read a draft model; prompt lookup and the suffix drafter need none.
 MODEL_DRAFTERS = ("draft_model", "hybrid")

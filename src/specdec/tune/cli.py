@@ -6,16 +6,21 @@ import argparse
 import sys
 from dataclasses import replace
 
-from ..cli_common import add_model_arguments, model_ref_from_args, runs_on_cuda
-from ..config import ConfigError, SamplingParams
-from .candidates import (
-    DEFAULT_DRAFTERS, DEFAULT_K_POLICIES, DEFAULT_K_SWEEP, DRAFTERS, K_POLICIES, MIN_PAIRED_RUNS,
+from specdec.cli.flags import add_model_arguments, model_ref_from_args, runs_on_cuda
+from specdec.config import ConfigError, SamplingParams
+from specdec.tune.candidates import (
+    DEFAULT_DRAFTERS,
+    DEFAULT_K_POLICIES,
+    DEFAULT_K_SWEEP,
+    DRAFTERS,
+    K_POLICIES,
+    MIN_PAIRED_RUNS,
 )
 
 
 def register(commands) -> None:
     """Add the `tune` subcommand to the console script's subparsers."""
-    from ..bench.datasets import DEFAULT_TASKS, TASKS
+    from specdec.bench.datasets import DEFAULT_TASKS, TASKS
 
     p = commands.add_parser(
         "tune",
@@ -80,8 +85,8 @@ def register(commands) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
-    from ..bench.methods import parse_k_list
-    from .candidates import TuneOptions
+    from specdec.bench.method.methods import parse_k_list
+    from specdec.tune.candidates import TuneOptions
 
     for flag, value in (("--limit", args.limit), ("--repeats", args.repeats), ("--threads", args.threads)):
         if value is not None and value < 1:
@@ -95,7 +100,7 @@ def options_from_args(args: argparse.Namespace):
 
 def prompts_from_args(args: argparse.Namespace):
     """The user's prompts (--prompts, first --limit) or the bench tasks' (--tasks, --limit problems each)."""
-    from ..bench.datasets import DEFAULT_TASKS, load_prompt_file, load_tasks, parse_tasks
+    from specdec.bench.datasets import DEFAULT_TASKS, load_prompt_file, load_tasks, parse_tasks
 
     if args.prompts is not None:
         return load_prompt_file(args.prompts)[: args.limit]
@@ -104,10 +109,10 @@ def prompts_from_args(args: argparse.Namespace):
 
 def run_tune_command(args: argparse.Namespace, target=None, log=None) -> int:
     """The `specdec tune` handler; `target` (an already loaded backend) skips loading it."""
-    from ..models import load_backend, load_pair
-    from .candidates import parse_drafts
-    from .report import ranked_table, write_outputs
-    from .run import tune
+    from specdec.loading.models import load_backend, load_pair
+    from specdec.tune.candidates import parse_drafts
+    from specdec.tune.report import ranked_table, write_outputs
+    from specdec.tune.run import tune
 
     options = options_from_args(args)
     params = SamplingParams(max_tokens=args.max_tokens)
@@ -143,7 +148,7 @@ def run_tune_command(args: argparse.Namespace, target=None, log=None) -> int:
 
 def summary_lines(result, config_path=None) -> list[str]:
     """The recommendation (or "do not speculate here") and the warnings, as printed under the table."""
-    from .report import above_bound_text
+    from specdec.tune.report import above_bound_text
 
     rec = result.recommendation
     lines = [f"recommendation: {rec.reason}"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ..bench.plot import pyplot, save_figure
-from ..metrics import leviathan_speedup
+from specdec.bench.plot import pyplot, save_figure
+from specdec.core.stats import leviathan_speedup
 
 _MARKERS = {"fixed": "o", "adaptive": "s", "heuristic": "^"}
 MAX_POSITION_LINES = 10

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import SpecConfig
+from specdec.config import SpecConfig
 
 # Verdicts, in ranking order of their class.
 FASTER, BELOW_MINIMUM = "faster", "faster, below --min-speedup"

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..bench.cells import format_cell
-from ..bench.report import write_results
-from ..config import ModelRef
-from .config_file import write_run_config
-from .ranking import never_drafted
-from .run import TuneResult
+from specdec.bench.cells import format_cell
+from specdec.bench.method.report import write_results
+from specdec.config import ModelRef
+from specdec.cli.run_config import write_run_config
+from specdec.tune.ranking import never_drafted
+from specdec.tune.run import TuneResult
 
 
 def interval_cell(row: dict) -> str:
@@ -191,7 +191,7 @@ def write_outputs(result: TuneResult, out_dir: str | Path, base_ref: ModelRef | 
     paths["markdown"].write_text(to_markdown(result, str(paths.get("config")) if "config" in paths else None),
                                  encoding="utf-8")
     if plot:
-        from .plot import plot_acceptance_by_position, plot_speedup_vs_rejection
+        from specdec.tune.plot import plot_acceptance_by_position, plot_speedup_vs_rejection
 
         for key, draw, name in (("plot_speedup", plot_speedup_vs_rejection, "speedup_vs_rejection.png"),
                                 ("plot_positions", plot_acceptance_by_position, "acceptance_by_position.png")):

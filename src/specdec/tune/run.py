@@ -17,15 +17,15 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..bench.datasets import BenchPrompt
-from ..bench.methods import MethodOptions, expand_method
-from ..bench.runner import BenchConfig, run_bench
-from ..config import SamplingParams
-from ..models import ModelLoadError, VocabMismatchError, check_vocab_compatible
-from ..pipeline import SpecDecoder
-from .candidates import MIN_PAIRED_RUNS, MODEL_DRAFTERS, DraftCandidate, TuneOptions, methods_for
-from ..intervals import paired_ratios, speedup_interval
-from .ranking import Recommendation, rank
+from specdec.bench.datasets import BenchPrompt
+from specdec.bench.method.methods import MethodOptions, expand_method
+from specdec.bench.method.runner import BenchConfig, run_bench
+from specdec.config import SamplingParams
+from specdec.loading.models import ModelLoadError, VocabMismatchError, check_vocab_compatible
+from specdec.decoder import SpecDecoder
+from specdec.tune.candidates import MIN_PAIRED_RUNS, MODEL_DRAFTERS, DraftCandidate, TuneOptions, methods_for
+from specdec.core.intervals import paired_ratios, speedup_interval
+from specdec.tune.ranking import Recommendation, rank
 
 # One bench run builds an engine, with its own KV cache, per configuration; a llama.cpp context holds 16
 # sequences (backends/llamacpp_backend.MAX_SEQUENCES), so longer sweeps are split into runs of this many

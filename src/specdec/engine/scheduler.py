@@ -1,0 +1,659 @@
+"""Continuous batching: running sequences each with their own drafter, k policy, sampling, stops and budget; one
+step drafts for all, runs the target once over a flat batch of their rows, verifies each with the pure rules,
+trims each cache, and returns per-sequence outputs. Sequences join and leave at step boundaries."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from specdec.backends.base import BatchRows, forward_batch
+from specdec.kpolicy.adaptive import Ewma
+from specdec.config import SamplingParams, SpecConfig
+from specdec.drafters.base import Draft, Drafter
+from specdec.backends.kvcache import ContextOverflowError, RetainedPrefix, common_prefix_length
+from specdec.core.stats import SpecStats
+from specdec.kpolicy.plan_ledger import PlanLedger
+from specdec.kpolicy.base import make_policy
+from specdec.kpolicy.row_allocation import Candidate, allocate_rows
+from specdec.core.sampling import greedy_tokens, make_generator, probabilities
+from specdec.engine.textstream import TextStream
+from specdec.core.verify import Verdict, verify_greedy, verify_sampled
+
+
+@dataclass
+class StepOutput:
+    """What one step gave one sequence: tokens, whether each came from the draft, the safe text delta, and why it
+    ended (None while running; "stop", "length", "abort"), or the error that ended it."""
+
+    sequence: "RunningSequence"
+    tokens: list[int]
+    from_draft: list[bool]
+    text: str = ""
+    finish_reason: str | None = None
+    error: BaseException | None = None
+
+
+class Slot:
+    """A place for one sequence: a target cache, what it holds between requests, and a drafter of its own.
+
+    Slots outlive requests, so a slot's cache keeps the last request's tokens for a next one that shares their
+    prefix (llama-server's slots), and a draft model's cache does the same inside the slot's drafter.
+    """
+
+    def __init__(self, drafter: Drafter | None):
+        self.cache = None
+        self.retained = RetainedPrefix()  # its group is set at each admission (BatchEngine.add)
+        self.drafter = drafter
+        self.sequence: RunningSequence | None = None
+
+
+@dataclass
+class RunningSequence:
+    """One request inside the engine: its context, state of prefill, policies, text and counters."""
+
+    request_id: int
+    prompt: list[int]
+    params: SamplingParams
+    slot: Slot
+    generator: torch.Generator
+    eos: frozenset
+    text: TextStream
+    stats: SpecStats
+    began: float
+    context: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens in the target cache (the last chunk's logits give the first token)
+    passed_over: int = 0  # prompt rows prefilled for others while this one waited (ages its prefill priority)
+    generated: int = 0
+    policies: dict = field(default_factory=dict)  # per draft source
+    plans: PlanLedger = field(default_factory=PlanLedger)  # a deterministic drafter's plans awaiting their tokens
+    finish_reason: str | None = None
+    tag: object = None  # the caller's handle (a server job)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class _Plan:
+    """One sequence's part of a step: its rows, and for a decode step the draft behind them. A prefill chunk
+    (decode False) that ends the prompt asks for its last row's logits: the sequence's first token."""
+
+    sequence: RunningSequence
+    rows: BatchRows
+    decode: bool
+    proposed: list[int] = field(default_factory=list)
+    draft: Draft | None = None
+    policy: object = None
+
+
+class BatchEngine:
+    """Runs up to max_running sequences together over one target and a drafter per slot.
+
+    `add` admits a request (refused at once when it cannot fit); `step` advances every running sequence by one
+    target pass; `abort` ends one between steps. A prompt is prefilled in chunks of at most prefill_chunk tokens
+    per step, so a new request does not stall the running streams for its whole length, and the pass that
+    prefills its last chunk gives its first token (llama-server and vLLM do the same). One prompt's chunk per
+    pass, the shortest remaining prompt first (see _prefill_plans); a last chunk prefilled in a context of its own
+    runs in a step of its own, ahead of the decoding streams' pass (_first_token_goes_ahead). Draft rows are priced
+    at what they add to this step's pass (load-aware): chosen together for the sequences whose policies learn from
+    plans (row_allocation), by each policy alone for the others (AdaptiveK.other_rows).
+    """
+
+    def __init__(self, target, drafter: Drafter | None = None, spec: SpecConfig | None = None,
+                 decode: Callable[[Sequence[int]], str] | None = None, prefix_cache: bool | None = None,
+                 max_running: int = 1, prefill_chunk: int | None = None):
+        self.target = target
+        self.spec = spec or SpecConfig()
+        self.decode = decode or default_decoder(target)
+        if prefix_cache is None:
+            prefix_cache = getattr(self.spec, "prefix_cache", True)
+        self.prefix_cache = bool(prefix_cache)
+        self.prefill_chunk = max(1, int(prefill_chunk or getattr(target, "batch_size", 512)))
+        self._slot_group = object()  # what this engine's slots share (kvcache.RetainedPrefix groups)
+        self.slots = [Slot(drafter)]
+        self.set_max_running(max_running)
+        self.running: list[RunningSequence] = []
+        self.total_stats = SpecStats()
+        self.adaptive_policies: dict[str | None, object] = {}  # per draft source, for the engine's lifetime
+        self.last_pass_rows = 0
+        self.shared_pass_costs: dict[int, Ewma] = {}  # rows -> seconds of decode-only passes of 2+ sequences
+        self.last_sequence: RunningSequence | None = None  # the latest admitted (its stats: SpeculativeEngine.last_stats)
+        self._decoders_next = False  # a prompt's last chunk went ahead of the decoding streams: they run next step
+        self._ids = itertools.count()
+
+    # -- configuration ------------------------------------------------------------------------------------
+
+    def set_max_running(self, max_running: int) -> None:
+        """How many sequences may run together from the next admission on (a server's --parallel)."""
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        if self.drafter is not None and max_running > 1 and not hasattr(self.drafter, "spawn"):
+            raise ValueError(f"the {self.drafter.name} drafter cannot serve several sequences at once (no spawn())")
+        self.max_running = max_running
+
+    @property
+    def drafter(self) -> Drafter | None:
+        return self.slots[0].drafter
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Whether a request may keep the cache prefix it shares with its slot's previous request (see
+        SpeculativeEngine.reuses_prefix: never on a batch-invariant target)."""
+        return self.prefix_cache and not getattr(self.target, "batch_invariant", False)
+
+    def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        """Refuse a request that cannot fit, before any work is done."""
+        if len(prompt) == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        limit = self.target.max_context
+        if len(prompt) + params.max_tokens > limit:
+            raise ContextOverflowError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the model context "
+                f"of {limit} tokens"
+            )
+        vocab = self.target.vocab_size
+        bad = [t for t in prompt if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+
+    @property
+    def has_room(self) -> bool:
+        return len(self.running) < self.max_running
+
+    def cache_of(self, slot: Slot):
+        if slot.cache is None:
+            slot.cache = self.target.new_cache(self.target.max_context)
+        return slot.cache
+
+    def calibrate(self, sizes=None) -> dict[int, float]:
+        """Measure the target's pass cost per row count on slot 0's cache (calibration.py) and keep it on the
+        backend, where every adaptive policy made afterwards reads it: 1 to k + 1 rows, and up to
+        max_running * (k + 1) (at most 64) when several sequences may share a pass. Only between requests."""
+        from specdec.kpolicy.calibration import DEFAULT_SIZES, cached_pass_costs, measure_pass_costs
+
+        if self.running:
+            raise RuntimeError("calibrate only while no sequence is running")
+        slot = self.slots[0]
+        cache = self.cache_of(slot)
+        k = self.spec.num_speculative_tokens
+        # Several sequences share a pass: the load-aware policy reads the curve up to all their rows.
+        most = min((k + 1) * self.max_running, max(DEFAULT_SIZES))
+        sizes = sizes or sorted({s for s in DEFAULT_SIZES if s <= most} | {1, k + 1})
+        options = getattr(self.target, "calibration_options", {})
+
+        def measure(wanted):
+            slot.retained.drop()  # the measurement empties the cache
+            return measure_pass_costs(self.target, wanted, cache=cache, **options)
+
+        costs = cached_pass_costs(self.target, sizes, measure)
+        self.target.pass_costs = costs
+        return costs
+
+    # -- admission and leaving ----------------------------------------------------------------------------
+
+    def add(self, prompt: Sequence[int], params: SamplingParams, tag: object = None) -> RunningSequence:
+        """Admit a request into a free slot (the one whose cache shares the longest prefix with the prompt)."""
+        prompt = [int(t) for t in prompt]
+        self.check_request(prompt, params)
+        if not self.has_room:
+            raise RuntimeError(f"all {self.max_running} sequences are running; admit at a step boundary")
+        if self.spec.k_policy == "adaptive" and getattr(self.target, "calibrate_on_first_use", False) \
+                and getattr(self.target, "pass_costs", None) is None and self.drafter is not None and not self.running:
+            self.calibrate()  # a GPU's nearly free rows, a CPU's kinked curve: no line through two sizes shows them
+        slot = self._free_slot(prompt)
+        began = time.perf_counter()
+        stats = SpecStats(num_prompt_tokens=len(prompt))
+        sequence = RunningSequence(
+            request_id=next(self._ids), prompt=prompt, params=params, slot=slot,
+            generator=make_generator(params.seed, getattr(self.target, "device", "cpu")),
+            eos=frozenset() if params.ignore_eos else self.target.eos_token_ids,
+            text=TextStream(self.decode, params.stop), stats=stats, began=began, context=list(prompt), tag=tag)
+        cache = self.cache_of(slot)
+        # The slots keep their prefixes side by side while the target's memory is sized for all of them
+        # (llama.cpp: `parallel` sequences; torch: a memory per cache); beyond that, as separate owners.
+        room = getattr(self.target, "parallel", None) or len(self.slots)
+        slot.retained.group = self._slot_group if len(self.slots) <= room else None
+        # Keep the longest common prefix of what the slot's cache holds and prompt[:-1]; prefill only the rest (at
+        # least the last prompt token, whose logits give the first token).
+        sequence.prefilled = slot.retained.claim(self.target, cache, prompt[:-1], self.reuses_prefix)
+        stats.num_cached_prompt_tokens = sequence.prefilled
+        slot.sequence = sequence
+        self.running.append(sequence)
+        self.last_sequence = sequence
+        drafter = slot.drafter
+        try:
+            if drafter is not None:
+                if hasattr(drafter, "prefix_cache"):
+                    drafter.prefix_cache = self.prefix_cache  # one switch for both caches
+                drafter.begin(prompt, params, sequence.generator)
+            if self.max_running == 1:
+                for kept in self.adaptive_policies.values():
+                    kept.begin_request()  # acceptance is the request's content: old evidence fades
+        except BaseException:
+            self._leave(sequence, "error", clean=False)
+            raise
+        return sequence
+
+    def _free_slot(self, prompt: list[int]) -> Slot:
+        free = [slot for slot in self.slots if slot.sequence is None]
+        if not free:
+            drafter = self.slots[0].drafter
+            free = [Slot(drafter.spawn() if drafter is not None else None)]
+            self.slots += free
+        # llama-server's slot choice: the idle slot whose cached tokens share the longest prefix with the prompt.
+        return max(free, key=lambda slot: common_prefix_length(slot.retained.tokens, prompt[:-1]))
+
+    def abort(self, sequence: RunningSequence) -> None:
+        """End a running sequence between steps (a client gone, a newer request on a one-slot engine)."""
+        if not sequence.finished:
+            self._leave(sequence, "abort", clean=True)
+
+    def _leave(self, sequence: RunningSequence, reason: str, clean: bool) -> None:
+        """Free the sequence's slot; the cache keeps its tokens when the invariant holds (cache = context - 1)."""
+        sequence.finish_reason = sequence.finish_reason or reason
+        stats = sequence.stats
+        stats.total_seconds = time.perf_counter() - sequence.began
+        self.total_stats.merge(stats)
+        if self.max_running > 1 and self.spec.k_policy == "adaptive":
+            self.adaptive_policies.update(sequence.policies)  # what this sequence learnt is the newest evidence
+        slot = sequence.slot
+        cache = slot.cache
+        if sequence in self.running:
+            self.running.remove(sequence)
+        slot.sequence = None
+        # Between steps the cache holds the prompt prefilled so far, or once decoding, the context but its last token.
+        held = sequence.prompt[: sequence.prefilled] if sequence.prefilling else sequence.context[:-1]
+        if clean and cache.length == len(held):
+            slot.retained.tokens = held
+            slot.retained.release(self.reuses_prefix)
+        else:
+            slot.retained.drop()  # an error mid-step: what the cache holds is not certain
+        drafter = slot.drafter
+        if drafter is not None:
+            try:
+                if hasattr(drafter, "observe") and reason != "error":
+                    drafter.observe(sequence.context)  # everything emitted, for a drafter that learns from outputs
+            finally:
+                drafter.end()
+
+    # -- one step -----------------------------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        """Advance every running sequence by one target pass; returns an output per decoding sequence (a sequence
+        still prefilling gives none), and for each sequence that failed while planning, its error."""
+        if not self.running:
+            return []
+        outputs: list[StepOutput] = []
+        decoding = [s for s in self.running if not s.prefilling]
+        plans = [] if self._decoders_next and decoding else self._prefill_plans()
+        self._decoders_next = False
+        if plans and decoding and self._first_token_goes_ahead(plans[0]):
+            decoding, self._decoders_next = [], True
+        prefill_rows = sum(len(p.rows.tokens) for p in plans)
+        chosen = self._choose_drafts(decoding, prefill_rows, outputs)
+        for group in self._drafting_groups(chosen):
+            try:
+                drafts = self._draft(group)
+            except Exception as exc:  # noqa: BLE001 - the sequences whose drafts failed end; the others go on
+                for sequence, _, _ in group:
+                    self._leave(sequence, "error", clean=False)
+                    outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+                continue
+            for (sequence, policy, k), draft in zip(group, drafts):
+                proposed = draft.tokens[: max(k, 0)]
+                sequence.stats.draft_seconds += draft.seconds
+                rows = BatchRows([sequence.context[-1]] + proposed, sequence.slot.cache, len(proposed) + 1)
+                plans.append(_Plan(sequence, rows, decode=True, proposed=proposed, draft=draft, policy=policy))
+        if not plans:
+            return outputs
+        self._fit_prompt_chunk_in_one_call(plans)
+        began = time.perf_counter()
+        slice_rows = self._verification_slice_rows(plans)
+        try:
+            if slice_rows:
+                logits = [verify_rows_in_slices(self.target, plans[0].rows, plans[0].proposed, slice_rows)]
+            else:
+                logits = forward_batch(self.target, [p.rows for p in plans])
+        except BaseException as exc:
+            # The backend rolled every cache back to before the call; the sequences in it end, with the error.
+            for plan in plans:
+                self._leave(plan.sequence, "error", clean=False)
+                outputs.append(StepOutput(plan.sequence, [], [], "", "error", exc))
+            if not isinstance(exc, Exception):
+                raise
+            return outputs
+        target_seconds = time.perf_counter() - began
+        self.last_pass_rows = len(logits[0]) if slice_rows else sum(len(p.rows.tokens) for p in plans)
+        if len(plans) > 1 and all(p.decode for p in plans):
+            self._record_shared_pass(self.last_pass_rows, target_seconds)
+        for plan, rows_logits in zip(plans, logits):
+            sequence = plan.sequence
+            try:
+                if plan.decode:
+                    outputs.append(self._finish_decode(plan, rows_logits, target_seconds, len(plans) > 1))
+                    continue
+                sequence.prefilled += len(plan.rows.tokens)
+                if not sequence.prefilling:
+                    sequence.stats.prefill_seconds = time.perf_counter() - sequence.began
+                    outputs.append(self._first_token(sequence, rows_logits))
+            except Exception as exc:  # noqa: BLE001 - that sequence's verification failed; the others go on
+                self._leave(sequence, "error", clean=False)
+                outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+        return outputs
+
+    def _first_token_goes_ahead(self, prompt: _Plan) -> bool:
+        """Whether this prompt chunk runs alone, the decoding streams' pass in the next step (which then takes no
+        prompt chunk): when it ends its prompt and is prefilled in a context of its own (apart_prefill.py).
+
+        Such a chunk and the streams' rows are two llama_decode calls anyway; in one step the first token would
+        wait for the streams' pass too (0.25 s for seven streams on the 2-vCPU EPYC, 2 threads). In two steps,
+        chunk then streams, the same passes run in the same order of cost, the first token comes out after the
+        chunk, and the streams' tokens come out when they did (after both)."""
+        apart = getattr(self.target, "prefills_apart_chunk", None)
+        rows = prompt.rows
+        return (not prompt.decode and rows.num_logits == 1 and apart is not None
+                and bool(apart(len(rows.tokens), rows.num_logits)))
+
+    def _fit_prompt_chunk_in_one_call(self, plans: list["_Plan"]) -> None:
+        """Fast mode: shorten this pass's prompt chunk so that it and the decode rows beside it fill one call of
+        batch_size rows. A full chunk plus decode rows is two llama_decode calls, and the second, of a few rows,
+        reads every weight again (~70-130 ms at 2 threads on the AMX Xeon). Exact mode keeps whole chunks: a
+        prompt's keys and values are exact only when it is cut the same way as alone."""
+        limit = int(getattr(self.target, "batch_size", 0) or 0)
+        if not limit or plans[0].decode or getattr(self.target, "batch_invariant", False):
+            return
+        prompt = plans[0]
+        apart = getattr(self.target, "prefills_apart_chunk", None)
+        if apart is not None and apart(len(prompt.rows.tokens), prompt.rows.num_logits):
+            return  # prefilled in a context of its own (backends/apart_prefill.py): the decode rows get a call anyway
+        excess = sum(len(p.rows.tokens) for p in plans) - limit
+        if excess <= 0 or excess >= len(prompt.rows.tokens):
+            return
+        keep = len(prompt.rows.tokens) - excess
+        prompt.rows = BatchRows(prompt.rows.tokens[:keep], prompt.rows.cache, 0)  # no longer the prompt's last row
+
+    def _verification_slice_rows(self, plans: list["_Plan"]) -> int:
+        """Rows per slice when a lone greedy verification may stop at its first rejection, else 0.
+
+        Exact mode decodes verified rows in slices of `invariant_rows` anyway (the row-invariant kernels), so
+        running those slices one by one gives the same logits, and after a slice whose argmax departs from the
+        draft the later rows can no longer be accepted: a long draft rejected early costs its first slices only.
+        """
+        if len(plans) != 1 or not plans[0].decode or not plans[0].sequence.params.greedy:
+            return 0
+        if not getattr(self.target, "batch_invariant", False):
+            return 0
+        rows = int(getattr(self.target, "invariant_rows", 0) or 0)
+        return rows if 0 < rows < len(plans[0].rows.tokens) else 0
+
+    def _record_shared_pass(self, rows: int, seconds: float, alpha: float = 0.1) -> None:
+        """Keep what a decode-only pass of several sequences costs per row count (a running mean, then an EWMA):
+        the price the load-aware policy reads for shared passes of that size, instead of the calibration's."""
+        self.shared_pass_costs.setdefault(rows, Ewma(alpha)).add(seconds)
+
+    def _prefill_plans(self) -> list[_Plan]:
+        """This step's prefill: one chunk of the waiting prompt with the fewest tokens left to prefill.
+
+        Shortest first, one prompt per pass: on a CPU a pass costs about in proportion to its rows (llama-bench,
+        1.5B Q4_K_M, 2 threads, EPYC: 80 prompt tok/s at 16 rows, 92 at 64, 105 from 128), so packing two prompts
+        into one pass makes the first wait for the second's whole prefill and saves little; served one after
+        the other, shortest first, their first tokens come out in the least total time (the shortest-processing-
+        time rule). A prompt passed over ages: the rows prefilled for others while it waited count against its
+        length, so it is served after at most its own length of others' prompt rows.
+
+        A sequence's chunks are always whole (prefill_chunk tokens from where its prefill began, the last one
+        shorter), whatever else runs: a batch-invariant target computes a prompt's keys and values exactly as
+        alone only if its rows are split the same way. The chunk that ends the prompt asks for its last row's
+        logits, the first token's.
+        """
+        waiting = [s for s in self.running if s.prefilling]
+        if not waiting:
+            return []
+        sequence = min(waiting, key=lambda s: (len(s.prompt) - s.prefilled - s.passed_over, s.request_id))
+        size = min(self.prefill_chunk, len(sequence.prompt) - sequence.prefilled)
+        for other in waiting:
+            if other is not sequence:
+                other.passed_over += size
+        tokens = sequence.prompt[sequence.prefilled:sequence.prefilled + size]
+        last = sequence.prefilled + size == len(sequence.prompt)
+        return [_Plan(sequence, BatchRows(tokens, sequence.slot.cache, 1 if last else 0), decode=False)]
+
+    def _policy(self, sequence: RunningSequence, source: str | None):
+        """The k policy of one draft source for this sequence.
+
+        The adaptive cost model measures the hardware and that source's acceptance, which outlive a request, so
+        it is kept for the engine's lifetime: a one-slot engine uses it directly; with several slots each
+        sequence works on its own copy (acceptance is per request) and hands it back when it leaves.
+        """
+        if self.spec.k_policy != "adaptive":
+            owner = sequence.policies
+        elif self.max_running == 1:
+            owner = self.adaptive_policies
+        else:
+            owner = sequence.policies
+            if source not in owner and source in self.adaptive_policies:
+                owner[source] = copy.deepcopy(self.adaptive_policies[source])
+                owner[source].begin_request()
+        if source not in owner:
+            owner[source] = make_policy(self.spec.k_policy, self.spec.num_speculative_tokens,
+                                        getattr(self.target, "pass_costs", None))
+        return owner[source]
+
+    def _choose_drafts(self, deciders: list[RunningSequence], prefill_rows: int,
+                       outputs: list[StepOutput]) -> list[tuple[RunningSequence, object, int]]:
+        """This step's (sequence, policy, k) for every decoding sequence; a sequence whose drafter failed ends here.
+
+        In a shared pass, the sequences whose policies learn acceptance from plans have their draft lengths chosen
+        together (row_allocation: the pass's tokens per second on the measured curve, which one sequence at a
+        time cannot see where the curve is not convex). The others choose alone, in order, each seeing the rows
+        the rest put in the pass (prefill, the drafts chosen so far, one row per sequence still to choose).
+        """
+        options = []
+        for sequence in deciders:
+            try:
+                options.append((sequence, *self._draft_option(sequence)))
+            except Exception as exc:  # noqa: BLE001 - a drafter failed: that sequence ends, the others go on
+                self._leave(sequence, "error", clean=False)
+                outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+        shared = prefill_rows + len(options) > 1
+        together = [shared and cap > 0 and getattr(policy, "allocatable", False) for _, policy, cap in options]
+        ks: list[int] = [0] * len(options)
+        rows, tokens = prefill_rows + sum(together), float(len(options))
+        alone = [i for i, joint in enumerate(together) if not joint]
+        for n, i in enumerate(alone):
+            _, policy, cap = options[i]
+            if policy is None:
+                rows += 1
+                continue
+            if hasattr(policy, "other_rows"):
+                policy.other_rows = rows + len(alone) - n - 1
+                policy.other_tokens = float(len(options) - 1)
+            ks[i] = min(policy.next_k(), cap)
+            rows += 1 + max(ks[i], 0)
+            if hasattr(policy, "expected_tokens") and ks[i] > 0:
+                tokens += policy.expected_tokens(ks[i]) - 1.0
+        joint = [i for i, flag in enumerate(together) if flag]
+        if joint:
+            curve = options[joint[0]][1].shared_pass_curve()
+            candidates = [Candidate(options[i][1].position_gains(options[i][2]), options[i][1].draft_cost)
+                          for i in joint]
+            margin = options[joint[0]][1].margin  # every allocatable policy learns from plans: PLAN_MARGIN
+            ks_joint = allocate_rows(candidates, rows, tokens, curve, margin)
+            for i, k in zip(joint, ks_joint):
+                ks[i] = options[i][1].take_k(k)
+        return [(sequence, policy, k) for (sequence, policy, _), k in zip(options, ks)]
+
+    def _draft_option(self, sequence: RunningSequence) -> tuple[object, int]:
+        """The k policy of the source that drafts for this sequence this step, and the most it may draft (None, 0:
+        a plain step). A drafter that plans (suffix, prompt lookup) has its plan scored by the policy and caps k."""
+        # Invariant: the target cache holds every context token except the last.
+        remaining = sequence.params.max_tokens - sequence.generated
+        room = sequence.slot.cache.capacity - len(sequence.context)
+        drafter = sequence.slot.drafter
+        if drafter is None:
+            return None, 0
+        # Sources differ in acceptance and cost (an n-gram copy vs a draft model), so each has its own policy;
+        # None means the drafter has nothing to propose: a plain step.
+        context = sequence.context
+        source = drafter.next_source(context) if hasattr(drafter, "next_source") else drafter.name
+        if source is None:
+            return None, 0
+        policy = self._policy(sequence, source)
+        cap = min(remaining - 1, room - 1)
+        plan = getattr(drafter, "plan", None)
+        if plan is not None and hasattr(policy, "learn_from_plans"):
+            # The drafter's plan is a function of the context, so the tokens that follow score it whatever k is
+            # chosen: the policy learns acceptance from every step and never drafts just to find it out.
+            policy.learn_from_plans()
+            planned = plan(context)
+            sequence.plans.add(len(context), planned, policy)
+            cap = min(cap, len(planned), policy.max_k)
+        if hasattr(policy, "shared_pass_costs"):
+            policy.shared_pass_costs = self.shared_pass_costs
+        return policy, cap
+
+    @staticmethod
+    def _drafting_groups(chosen: list) -> list[list]:
+        """The sequences whose drafters can draft together (one draft model: its forwards share passes), and each
+        other sequence on its own, in order."""
+        groups: list[list] = []
+        together: dict[tuple, list] = {}
+        for entry in chosen:
+            drafter = entry[0].slot.drafter
+            batchable = entry[2] > 0 and hasattr(type(drafter), "propose_batch")
+            if not batchable:
+                groups.append([entry])
+                continue
+            key = (type(drafter), id(getattr(drafter, "backend", None)))
+            if key not in together:
+                together[key] = []
+                groups.append(together[key])
+            together[key].append(entry)
+        return groups
+
+    @staticmethod
+    def _draft(group: list) -> list[Draft]:
+        if len(group) > 1:
+            drafter = group[0][0].slot.drafter
+            return type(drafter).propose_batch([(s.slot.drafter, s.context, k) for s, _, k in group])
+        sequence, _, k = group[0]
+        return [sequence.slot.drafter.propose(sequence.context, k) if k > 0 else Draft([])]
+
+    def _finish_decode(self, plan: _Plan, logits: torch.Tensor, target_seconds: float, shared: bool) -> StepOutput:
+        sequence, proposed, draft = plan.sequence, plan.proposed, plan.draft
+        stats = sequence.stats
+        draft_probs = draft.probs[: len(proposed)] if draft.probs is not None else None
+        verdict = self._verdict(sequence, proposed, draft_probs, logits)
+        stats.target_seconds += target_seconds
+        drafter = sequence.slot.drafter
+        if drafter is not None and proposed:
+            drafter.accepted(verdict.num_accepted, len(proposed))
+        if plan.policy is not None:
+            # A pass shared with other sequences says what the whole pass cost, not what this sequence's rows
+            # added: the policy prices those from the measured curve instead (AdaptiveK.other_rows).
+            plan.policy.update(len(proposed), verdict.num_accepted, draft.seconds,
+                               0.0 if shared else target_seconds, draft.catchup_seconds)
+        stats.record_step(len(proposed), verdict.num_accepted)
+        return self._emit(sequence, proposed[: verdict.num_accepted] + [verdict.next_token],
+                          [True] * verdict.num_accepted + [False])
+
+    @staticmethod
+    def _verdict(sequence: RunningSequence, proposed: list[int], draft_probs: torch.Tensor | None,
+                 logits: torch.Tensor) -> Verdict:
+        """The verification rule for one sequence's logits rows: greedy match, or rejection sampling."""
+        params = sequence.params
+        if params.greedy:
+            choices = greedy_tokens(logits).tolist()
+            # A sliced verification may have stopped early: then its last row holds the first disagreement.
+            return verify_greedy(proposed[: len(choices) - 1], choices)
+        target_probs = probabilities(logits, params)
+        if draft_probs is not None and draft_probs.shape[-1] < target_probs.shape[-1]:
+            # A draft may score fewer ids than the target (a pruned head over an embedding table that still
+            # reads every target id); it never proposes the ids it lacks: q = 0 there.
+            draft_probs = torch.nn.functional.pad(draft_probs, (0, target_probs.shape[-1] - draft_probs.shape[-1]))
+        return verify_sampled(proposed, draft_probs, target_probs, sequence.generator)
+
+    def _first_token(self, sequence: RunningSequence, logits: torch.Tensor) -> StepOutput:
+        """The token the prompt's last row gives: the verification rule with nothing drafted, as in plain decoding;
+        the pass was the prefill's, so it is not counted as a decoding step."""
+        return self._emit(sequence, [self._verdict(sequence, [], None, logits).next_token], [False])
+
+    def _emit(self, sequence: RunningSequence, new_tokens: list[int], new_from_draft: list[bool]) -> StepOutput:
+        """Append a step's tokens to the sequence, cut at EOS, a stop string or max_tokens; trim the cache to the
+        context minus its last token; end the sequence when it finished."""
+        params, stats = sequence.params, sequence.stats
+        remaining = params.max_tokens - sequence.generated
+        finish = None
+        for i, token in enumerate(new_tokens):
+            if token in sequence.eos:
+                new_tokens, new_from_draft, finish = new_tokens[: i + 1], new_from_draft[: i + 1], "stop"
+                break
+        if len(new_tokens) >= remaining:
+            new_tokens, new_from_draft = new_tokens[:remaining], new_from_draft[:remaining]
+            finish = finish or "length"
+        text = sequence.text
+        visible = [t for t in new_tokens if t not in sequence.eos]  # EOS can only be the last token
+        pushed_before = len(text.tokens)
+        delta = text.push(visible)
+        if text.stopped:
+            # The tokens end at the one that completes the stop string, as in plain decoding: the tokens after it
+            # in this step (and an EOS behind them) are not generated.
+            kept = len(text.tokens) - pushed_before
+            new_tokens, new_from_draft, finish = new_tokens[:kept], new_from_draft[:kept], "stop"
+        elif finish is not None:
+            delta += text.flush()
+        sequence.context += new_tokens
+        sequence.plans.resolve(sequence.context)
+        sequence.generated += len(new_tokens)
+        # One rollback restores the invariant (cache = context minus its last token): it drops the rejected draft
+        # tokens and, when EOS, a stop string or max_tokens cut the accepted ones, those too.
+        cache = sequence.slot.cache
+        cache.trim(cache.length - (len(sequence.context) - 1))
+        stats.num_generated_tokens = sequence.generated
+        stats.total_seconds = time.perf_counter() - sequence.began
+        if finish is not None:
+            sequence.finish_reason = finish
+            self._leave(sequence, finish, clean=True)
+        return StepOutput(sequence, new_tokens, new_from_draft, delta, finish)
+
+
+def verify_rows_in_slices(backend, rows: BatchRows, proposed: Sequence[int], slice_rows: int) -> torch.Tensor:
+    """Greedy verification of one sequence's rows ([last token] + proposed), slice_rows at a time, stopping after
+    the first slice in which the target's argmax departs from the draft. Returns the logits rows computed (all
+    of them when every draft token is accepted); on an error the cache is left as it was before the call."""
+    cache = rows.cache
+    start = cache.length
+    parts: list[torch.Tensor] = []
+    try:
+        for lo in range(0, len(rows.tokens), slice_rows):
+            chunk = list(rows.tokens[lo : lo + slice_rows])
+            logits = forward_batch(backend, [BatchRows(chunk, cache, len(chunk))])[0]
+            parts.append(logits)
+            choices = greedy_tokens(logits).tolist()
+            if any(choice != proposed[lo + i] for i, choice in enumerate(choices) if lo + i < len(proposed)):
+                break
+    except BaseException:
+        cache.trim(cache.length - start)
+        raise
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def default_decoder(backend) -> Callable[[Sequence[int]], str]:
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is not None:
+        return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
+    return lambda ids: " ".join(str(i) for i in ids)
+
+
+__all__ = ["BatchEngine", "RunningSequence", "Slot", "StepOutput", "default_decoder"]
