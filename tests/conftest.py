@@ -1,6 +1,7 @@
 """Tiny random-weight models built in the test process (no downloads)."""
 
 from __future__ import annotations
+
 import os
 
 import pytest

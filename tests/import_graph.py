@@ -77,11 +77,11 @@ def read_imports(root: Path) -> list[Import]:
                 if isinstance(literal, ast.Constant) and isinstance(literal.value, str):
                     found.append(_make(known, name, literal.value, node.lineno, local, by_name=True))
         # A table of lazily imported module names (PEP 562 __getattr__, subcommand dispatch): every string
-        # constant that names a module of this package, in a module that calls import_module.
+        # constant that spells a dotted module name of this package, in a module that calls import_module.
         if any(isinstance(n, ast.Call) and _is_import_module(n) for n in ast.walk(tree)):
             for node in ast.walk(tree):
-                if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known \
-                        and node.value != name:
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and "." in node.value \
+                        and node.value in known and node.value != name:
                     found.append(Import(name, node.value, node.lineno, False, by_name=True))
     return found
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from specdec.backends.base import ModelBackend
+
 
 class MarkovCache:
     def __init__(self, capacity: int):
@@ -28,7 +30,7 @@ class MarkovCache:
         return n
 
 
-class MarkovBackend:
+class MarkovBackend(ModelBackend):
     """logits for the next token depend only on the current one: table[V, V] of logits."""
 
     def __init__(self, table: torch.Tensor, max_context: int = 256, eos_token_ids: Sequence[int] = ()):

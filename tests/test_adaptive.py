@@ -8,13 +8,13 @@ import random
 import pytest
 
 from markov_backend import one_torch_thread  # noqa: F401
-from specdec.kpolicy.adaptive import AdaptiveK
 from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
+from specdec.core.stats import expected_tokens_per_step
 from specdec.drafters import create_drafter
 from specdec.engine.single import SpeculativeEngine, plain_engine
-from specdec.core.stats import expected_tokens_per_step
-from specdec.kpolicy.base import make_policy
+from specdec.kpolicy.adaptive import AdaptiveK
+from specdec.kpolicy.factory import make_policy
 
 FLAT = lambda size: 1.0
 

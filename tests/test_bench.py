@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.bench.datasets import HUMANEVAL_SIZE, load_humaneval, load_tasks, parse_tasks
 from specdec.bench.method.methods import MethodOptions, resolve_methods
-from specdec.bench.method.report import write_results
+from specdec.bench.method.render import write_results
 from specdec.bench.method.runner import BenchConfig, run_bench
 from specdec.cli.main import build_parser, main
 from specdec.config import ConfigError, SamplingParams

@@ -61,13 +61,13 @@ def test_a_flat_line_has_no_ceiling_and_a_run_without_a_curve_no_section():
 
 
 def test_the_run_records_the_curve_its_policies_read():
-    from specdec.bench.method.runner import _curve_ms
+    from specdec.bench.method.probes import curve_ms
 
     class Calibrated:
         pass_costs = {2: 0.012, 1: 0.01}
 
-    assert _curve_ms(Calibrated()) == {"1": 10.0, "2": 12.0}
-    assert _curve_ms(object()) is None
+    assert curve_ms(Calibrated()) == {"1": 10.0, "2": 12.0}
+    assert curve_ms(object()) is None
 
 
 def test_copy_bound_per_task_from_the_runs_outputs_and_the_share_of_it_reached():

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from specdec.bench.cli import parse_thread_list
 from specdec.bench.datasets import (
     BenchPrompt,
     DatasetError,
@@ -18,9 +17,11 @@ from specdec.bench.datasets import (
     select_prompts,
     spec_bench_path,
 )
+from specdec.bench.method.aggregate import summarise
 from specdec.bench.method.methods import MethodOptions, resolve_methods
-from specdec.bench.method.report import category_table, summarise, to_markdown, to_markdown_by_threads
+from specdec.bench.method.render import category_table, to_markdown, to_markdown_by_threads
 from specdec.bench.method.speed_and_length import speed_and_length
+from specdec.cli.flags import parse_thread_list
 from specdec.cli.main import main
 from specdec.config import ConfigError
 from specdec.decoder import SpecDecoder
@@ -144,9 +145,8 @@ def test_thread_lists_parse_and_bad_values_are_config_errors():
 
 def test_a_thread_list_runs_the_whole_matrix_per_count_with_models_loaded_for_it(tmp_path, monkeypatch,
                                                                                   capsys):
-    from test_bench import tiny_model, tiny_tokenizer
-
     from specdec.backends.pytorch.backend import TransformersBackend
+    from test_bench import tiny_model, tiny_tokenizer
 
     loads = []
 
@@ -375,7 +375,6 @@ def test_second_turns_follow_their_first_and_the_limit_counts_questions(tmp_path
 
 def _two_turn_run(tmp_path, methods_text):
     from conftest import tiny_qwen2, tiny_tokenizer
-
     from specdec.backends.pytorch.backend import TransformersBackend
     from specdec.bench.method.runner import BenchConfig, run_bench
     from specdec.config import SamplingParams

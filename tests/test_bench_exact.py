@@ -9,8 +9,9 @@ import json
 
 import pytest
 
+from specdec.bench.method.aggregate import summarise
 from specdec.bench.method.methods import EXACT_BASELINE, MethodOptions, resolve_methods
-from specdec.bench.method.report import exact_table, summarise, to_markdown, to_markdown_by_threads
+from specdec.bench.method.render import exact_table, to_markdown, to_markdown_by_threads
 from specdec.cli.main import main
 from specdec.config import ConfigError, SamplingParams, SpecConfig
 from specdec.decoder import SpecDecoder
@@ -262,12 +263,11 @@ def test_each_thread_count_loads_its_own_exact_target_and_frees_it_before_the_ne
 # -- refusals -------------------------------------------------------------------------------------------------
 
 def test_exact_methods_on_the_torch_backend_are_a_config_error(tmp_path):
-    from test_bench import tiny_model, tiny_tokenizer
-
     from specdec.backends.pytorch.backend import TransformersBackend
     from specdec.bench.cli import run_bench_command
     from specdec.bench.method.runner import BenchConfig, BenchRunner
     from specdec.cli.main import build_parser
+    from test_bench import tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     decoder = SpecDecoder(TransformersBackend(tiny_model(0, 2), tokenizer, name="t", max_context=256),

@@ -12,19 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec.cli import main as cli
-from specdec.bench.serving import run as serving
 from specdec.bench.llamacpp_peer import server_flags
-from specdec.bench.serving.run import (
-    REFERENCE,
-    ServeOptions,
-    level_plan,
-    llama_command,
-    our_command,
-    parse_concurrency,
-    parse_systems,
-    skip_reasons,
-)
+from specdec.bench.serving import run as serving
 from specdec.bench.serving.client import RequestRecord, apply_event, chat_body, parse_event
 from specdec.bench.serving.report import (
     add_ratios,
@@ -36,6 +25,17 @@ from specdec.bench.serving.report import (
     summarise_level,
     to_markdown,
 )
+from specdec.bench.serving.run import (
+    REFERENCE,
+    ServeOptions,
+    level_plan,
+    llama_command,
+    our_command,
+    parse_concurrency,
+    parse_systems,
+    skip_reasons,
+)
+from specdec.cli import main as cli
 from specdec.config import ConfigError
 
 TESTS_DIR = Path(__file__).parent

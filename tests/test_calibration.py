@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from specdec.backends.base import ModelBackend
 from specdec.kpolicy.adaptive import AdaptiveK
 from specdec.kpolicy.calibration import (
     cached_pass_costs,
@@ -31,7 +32,7 @@ def test_measure_pass_costs_stops_at_the_cache_capacity(target_backend):
     assert sorted(costs) == [1, 8]  # 16 + 32 rows do not fit in 40
 
 
-class _ClockedBackend:
+class _ClockedBackend(ModelBackend):
     """A backend whose pass of n rows takes n + 1 ticks of a fake clock, 1.5x as long during a slow spell of
     consecutive passes (a shared VM's neighbour busy for a while)."""
 
@@ -265,11 +266,11 @@ def test_cached_pass_costs_measure_once_per_key(tmp_path, monkeypatch):
 
 
 def test_an_adaptive_llamacpp_engine_calibrates_once_and_reads_the_file(tmp_path, monkeypatch):
-    from specdec.kpolicy import calibration
+    from specdec.backends.llamacpp.backend import LlamaCppBackend
     from specdec.config import SamplingParams, SpecConfig
     from specdec.drafters import create_drafter
-    from specdec.backends.llamacpp.backend import LlamaCppBackend
     from specdec.engine.single import SpeculativeEngine
+    from specdec.kpolicy import calibration
     from tiny_gguf import write_tiny_gguf
 
     monkeypatch.setattr(calibration, "_cache_file", lambda: tmp_path / "pass-costs.json")

@@ -11,6 +11,7 @@ from markov_backend import MarkovBackend, chi_square_pvalue, one_torch_thread, s
 from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import Draft, create_drafter
+from specdec.drafters.base import Drafter
 from specdec.engine.single import SpeculativeEngine, plain_engine
 from specdec.kpolicy.base import FixedK
 
@@ -110,7 +111,7 @@ def test_confidence_stop_is_lossless_under_sampling():
     assert proposed < 1.2 * drafts  # k allowed 2 on the first step; the stop at state 2 cut nearly all to 1
 
 
-class _StubDrafter:
+class _StubDrafter(Drafter):
     """Proposes nothing on every other call, otherwise a fixed (mostly wrong) guess; records the calls."""
 
     name = "stub"

@@ -5,13 +5,13 @@ from functools import lru_cache
 
 import pytest
 
-from specdec.kpolicy.calibration import interpolate_cost, machine_ceiling
 from specdec.bench.method.copy_bound import (
     cheapest_decode_cost,
     combined_speedup,
     copy_bound,
     copyable_lengths,
 )
+from specdec.kpolicy.calibration import interpolate_cost, machine_ceiling
 
 CURVE = {1: 36.0, 2: 58.0, 3: 74.0, 4: 90.0, 8: 215.0, 16: 276.0, 17: 311.0, 32: 493.0, 33: 492.0}
 

@@ -25,14 +25,15 @@ from scipy.stats import chisquare
 
 from conftest import assert_cache_keeps, tiny_llama
 from markov_backend import MarkovCache
-from specdec.engine import scheduler as engine_module  # the step code lives there
+from specdec.backends.base import ModelBackend
+from specdec.backends.kvcache import ContextOverflowError
 from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters import create_drafter
-from specdec.engine.single import SpeculativeEngine, plain_engine
-from specdec.backends.kvcache import ContextOverflowError
 from specdec.core.sampling import probabilities
 from specdec.core.verify import Verdict
+from specdec.drafters import create_drafter
+from specdec.engine import scheduler as engine_module  # the step code lives there
+from specdec.engine.single import SpeculativeEngine, plain_engine
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 42, 17], [60], [20, 21, 22, 23, 24, 25, 26, 27]]
 NEW_TOKENS = 24
@@ -426,7 +427,7 @@ def test_total_stats_accumulate_across_requests(qwen):
 PrefixCache = MarkovCache
 
 
-class PrefixLM:
+class PrefixLM(ModelBackend):
     """A ModelBackend whose next-token logits are a fixed pseudo-random function of the entire prefix.
 
     Any cache bookkeeping error (a stale draft token left in, a token missing) changes the prefix and

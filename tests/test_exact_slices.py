@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.backends.base import BatchRows
+from specdec.backends.base import BatchRows, forward_greedy_in_slices
 from specdec.backends.llamacpp.backend import LlamaCppUnavailable, llama_cpp_module
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, Drafter
 from specdec.engine.single import SpeculativeEngine, plain_engine
-from specdec.engine.scheduler import verify_rows_in_slices
 
 
 class _Cache:
@@ -46,19 +45,19 @@ class _ScriptedTarget:
 
 def test_slices_stop_after_the_first_rejecting_slice():
     proposed = [1, 2, 3, 4, 5, 6, 7, 1, 2]  # 10 rows: [last] + 9 drafted
-    rows = lambda: BatchRows([0] + proposed, _Cache(), len(proposed) + 1)  # noqa: E731
+    rows = lambda: BatchRows([0] + proposed, _Cache(), len(proposed) + 1, greedy_draft=proposed)  # noqa: E731
     # The target agrees on the first 4 draft tokens, then departs (row 4 wants 0, not 5).
     target = _ScriptedTarget(proposed[:4] + [0] + [0] * 5)
-    logits = verify_rows_in_slices(target, rows(), proposed, 3)
+    logits = forward_greedy_in_slices(target, rows(), 3)
     assert target.calls == [3, 3]  # rows 0-2 all agree; rows 3-5 hold the disagreement: stop there
     assert logits.argmax(-1).tolist() == proposed[:4] + [0, 0]
     # Every draft token accepted: every slice runs, the last one shorter.
     everything = _ScriptedTarget(proposed + [3])
-    assert verify_rows_in_slices(everything, rows(), proposed, 3).shape[0] == 10
+    assert forward_greedy_in_slices(everything, rows(), 3).shape[0] == 10
     assert everything.calls == [3, 3, 3, 1]
     # The first row already disagrees: one slice.
     first = _ScriptedTarget([0] * 10)
-    verify_rows_in_slices(first, rows(), proposed, 3)
+    forward_greedy_in_slices(first, rows(), 3)
     assert first.calls == [3]
 
 
@@ -68,13 +67,13 @@ def test_a_failing_slice_leaves_the_cache_as_it_was():
     cache.length = 11
     target = _ScriptedTarget(proposed + [0], fail_on_call=1)
     with pytest.raises(RuntimeError, match="decode failed"):
-        verify_rows_in_slices(target, BatchRows([0] + proposed, cache, 7), proposed, 3)
+        forward_greedy_in_slices(target, BatchRows([0] + proposed, cache, 7, greedy_draft=proposed), 3)
     assert cache.length == 11
 
 
 # -------------------------------------------------------------------- on llama.cpp's exact kernels
 
-class _LongWrongDrafter:
+class _LongWrongDrafter(Drafter):
     """Proposes k tokens every step: the target's next two tokens when it knows them (from a plain run), then junk."""
 
     name = "long-wrong"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.backends.base import ModelBackend
 from specdec.cli.generation_report import first_divergence, format_generation_report
 
 
@@ -107,7 +108,7 @@ def test_the_machines_ceiling_is_printed_from_the_measured_curve():
     assert "cannot beat plain decoding here" in text and "c = 0.50" in text
 
 
-class _Target:
+class _Target(ModelBackend):
     """Logits that favour token 11 over 12 by 0.25 after any context."""
 
     max_context = 64

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from conftest import save_tiny_model, tiny_llama, tiny_tokenizer
-from specdec.loading import hub
 from specdec.cli.main import main
+from specdec.loading import hub
 from specdec.loading.models import ModelLoadError, load_backend, resolve
 
 
@@ -111,8 +111,9 @@ def test_a_quick_load_draws_no_progress_bar_and_the_hook_is_restored(tmp_path, c
 
 
 def test_a_long_load_still_draws_its_bar(capfd):
-    from specdec.loading.progress import LONG_WORK_SECONDS, long_work_bars
     from transformers.utils.logging import tqdm
+
+    from specdec.loading.progress import LONG_WORK_SECONDS, long_work_bars
 
     with long_work_bars():
         bar = tqdm(total=2, desc="slow work")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.backends.pytorch.backend import PointerCache, TransformersBackend
 from specdec.backends.kvcache import ContextOverflowError, KVCache, PreallocatedKV
+from specdec.backends.pytorch.backend import PointerCache, TransformersBackend
 
 
 def kv(n: int, fill: float, heads: int = 2, dim: int = 4) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 
 def test_a_target_of_ones_own_gets_no_packaged_draft_and_drafts_with_the_suffix_drafter(monkeypatch):
+    import torch
+    from markov_backend import MarkovBackend
+
     import specdec
     from specdec.decoder import SpecDecoder
 
@@ -11,7 +14,7 @@ def test_a_target_of_ones_own_gets_no_packaged_draft_and_drafts_with_the_suffix_
 
     def fake_load(cls, ref=None, spec=None):
         seen["draft"] = ref.draft
-        return SpecDecoder(object(), None, spec)
+        return SpecDecoder(MarkovBackend(torch.zeros(4, 4)), None, spec)
 
     monkeypatch.setattr(SpecDecoder, "load", classmethod(fake_load))
     decoder = specdec.load("my-model.gguf")

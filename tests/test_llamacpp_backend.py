@@ -13,6 +13,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from specdec.backends.kvcache import ContextOverflowError
 from specdec.backends.llamacpp.backend import (
     EXACT_REPACKED_ROWS,
     INVARIANT_ROWS,
@@ -20,10 +21,9 @@ from specdec.backends.llamacpp.backend import (
     batch_invariance_problems,
 )
 from specdec.config import SamplingParams, SpecConfig
+from specdec.core.sampling import probabilities
 from specdec.drafters import create_drafter
 from specdec.engine.single import SpeculativeEngine, plain_engine
-from specdec.backends.kvcache import ContextOverflowError
-from specdec.core.sampling import probabilities
 from tiny_gguf import EOS_ID, VOCAB, quantize_q4_k_m, write_tiny_gguf
 
 PREFIX = [(i * 37) % 280 for i in range(40)]

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from specdec.backends.base import BatchRows, forward_batch
-from specdec.backends.llamacpp.backend import LlamaCppUnavailable, llama_cpp_module
 from specdec.backends.kvcache import ContextOverflowError
+from specdec.backends.llamacpp.backend import LlamaCppUnavailable, llama_cpp_module
 
 try:
     llama_cpp_module()
@@ -328,11 +328,11 @@ def test_fast_mode_prefills_long_chunks_apart_and_the_sequence_goes_on_as_if_pre
         assert backend.apart_prefill_rows == (128 if apart else 0)
         c = backend.new_cache()
         got = forward_batch(backend, [BatchRows(LONG_PROMPT[:200], c, 0), BatchRows([5], a, 1), BatchRows([6], b, 1)])
-        assert [len(x) for x in got] == [0, 1, 1] and backend.prefills_apart == (1 if apart else 0)
+        assert [len(x) for x in got] == [0, 1, 1] and backend.chunks_prefilled_apart == (1 if apart else 0)
         first = forward_batch(backend, [BatchRows(LONG_PROMPT[200:], c, 1), BatchRows([7], a, 1)])[0]  # start > 0
-        assert backend.prefills_apart == (1 if apart else 0)  # 100 rows: below apart_prefill_rows
+        assert backend.chunks_prefilled_apart == (1 if apart else 0)  # 100 rows: below apart_prefill_rows
         last = forward_batch(backend, [BatchRows(LONG_PROMPT[-13:] * 10, c, 1)])[0]  # apart again, from 300 cells
-        assert backend.prefills_apart == (2 if apart else 0)
+        assert backend.chunks_prefilled_apart == (2 if apart else 0)
         step = forward_batch(backend, [BatchRows(STEPS[1], c, 4), BatchRows([8], b, 1)])[0]
         assert (c.length, _positions(backend, c)) == (434, 434)
         results[apart] = (got[1], first, last, step)
@@ -345,7 +345,7 @@ def test_a_prefill_apart_leaves_every_cache_as_it_was_on_an_error(models, monkey
     backend, a, b = _busy_backend(models, apart=True)
     c = backend.new_cache()
     forward_batch(backend, [BatchRows(LONG_PROMPT[:150], c, 0)])
-    assert backend.prefills_apart == 1
+    assert backend.chunks_prefilled_apart == 1
     lengths = (a.length, b.length, c.length)
     before = forward_batch(backend, [BatchRows([9], c, 1)])[0]
     c.trim(1)

@@ -290,6 +290,7 @@ def test_gguf_files_come_from_the_backends_else_from_the_model_references(tmp_pa
     assert gguf_files(SimpleNamespace(target=object(), draft=None), str(target), str(target))[1] is None
     assert gguf_files(torch_pair, str(tmp_path / "missing.gguf"), None) == (None, None)
 
+    import specdec.bench.llamacpp_peer
     import specdec.loading.models
 
     asked = []
@@ -298,7 +299,7 @@ def test_gguf_files_come_from_the_backends_else_from_the_model_references(tmp_pa
         asked.append(reference)
         return specdec.loading.models.ResolvedModel(str(tmp_path), f"{reference}.gguf")
 
-    monkeypatch.setattr(specdec.loading.models, "resolve", packaged)
+    monkeypatch.setattr(specdec.bench.llamacpp_peer, "resolve", packaged)
     assert gguf_files(torch_pair, "default", "default") == (tmp_path / "default-target.gguf",
                                                             tmp_path / "default-draft.gguf")
     assert asked == ["default-target", "default-draft"]
@@ -369,7 +370,7 @@ def test_bench_runs_the_peers_beside_our_engine(fake_bin, tmp_path):
     pytest.importorskip("llama_cpp")
     from specdec.backends.llamacpp.backend import LlamaCppBackend
     from specdec.bench.datasets import BenchPrompt
-    from specdec.bench.method.report import to_markdown
+    from specdec.bench.method.render import to_markdown
     from specdec.bench.method.runner import BenchConfig, run_bench
     from specdec.decoder import SpecDecoder
     from tiny_gguf import write_tiny_gguf

@@ -95,7 +95,7 @@ def test_a_failed_amx_check_turns_extra_buffers_off_instead_of_crashing(monkeypa
 
     real = llamacpp_backend.build_features()
     monkeypatch.setattr(llamacpp_backend, "build_features", lambda: {**real, "AMX_INT8": True})
-    monkeypatch.setattr(llamacpp_probe, "amx_rows_agree",
+    monkeypatch.setattr(llamacpp_backend, "amx_rows_agree",
                         lambda path, threads=1: {"ok": False, "why": "a 16-row pass died", "max_error": None})
     path = write_tiny_gguf(tmp_path / "t.gguf", seed=0, layers=1)
     with warnings.catch_warnings(record=True) as caught:
@@ -107,7 +107,7 @@ def test_a_failed_amx_check_turns_extra_buffers_off_instead_of_crashing(monkeypa
     exact = llamacpp_backend.LlamaCppBackend(path, max_context=64, threads=1, batch_invariant=True)
     assert exact.extra_buffers is False and exact.invariant_rows == llamacpp_backend.INVARIANT_ROWS
     # Negative control: the check passing keeps them on.
-    monkeypatch.setattr(llamacpp_probe, "amx_rows_agree", lambda path, threads=1: {"ok": True, "why": "", "max_error": 0})
+    monkeypatch.setattr(llamacpp_backend, "amx_rows_agree", lambda path, threads=1: {"ok": True, "why": "", "max_error": 0})
     assert llamacpp_backend.LlamaCppBackend(path, max_context=64, threads=1, batch_invariant=False).extra_buffers
 
 

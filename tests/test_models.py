@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from conftest import save_tiny_model, tiny_llama, tiny_qwen2, tiny_tokenizer
-from specdec.loading import models
+from markov_backend import MarkovBackend
 from specdec.backends.pytorch.backend import TransformersBackend
+from specdec.loading import models
 from specdec.loading.models import (
     DEFAULT_INSTALL_HINT,
     ModelLoadError,
@@ -244,9 +245,10 @@ def test_default_model_ref_loads_the_packaged_pair(monkeypatch):
 
     loaded = []
 
-    class Fake:
+    class Fake(MarkovBackend):
         def __init__(self, reference):
-            self.name, self.vocab_size, self.tokenizer = reference, 10, None
+            super().__init__(torch.zeros(10, 10))
+            self.name = reference
 
     def fake_load_backend(reference, weight_format, max_context, role, backend, threads, batch_invariant=True,
                           device="auto", parallel=1):

@@ -7,10 +7,10 @@ import random
 import pytest
 
 from markov_backend import one_torch_thread  # noqa: F401
-from specdec.kpolicy.adaptive import AdaptiveK
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
 from specdec.engine.single import SpeculativeEngine, plain_engine
+from specdec.kpolicy.adaptive import AdaptiveK
 from specdec.kpolicy.plan_ledger import PlanLedger
 
 

@@ -18,14 +18,14 @@ import pytest
 import torch
 
 from conftest import assert_cache_keeps
-from markov_backend import MarkovCache
+from markov_backend import MarkovBackend, MarkovCache
 from specdec.backends import kvcache
-from specdec.backends.base import forward_rows
+from specdec.backends.base import ModelBackend, forward_rows
+from specdec.backends.kvcache import ContextOverflowError, common_prefix_length
 from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
 from specdec.engine.single import SpeculativeEngine, plain_engine
-from specdec.backends.kvcache import ContextOverflowError, common_prefix_length
 
 VOCAB = 40
 
@@ -43,7 +43,7 @@ class HashCache(MarkovCache):
         return n
 
 
-class HashLM:
+class HashLM(ModelBackend):
     """Next-token logits = a Markov table row + a pseudo-random row chosen by a hash of the whole prefix.
 
     A cache that holds a wrong token (or misses one) changes every later hash and so the output; every
@@ -566,18 +566,19 @@ def test_llama_cpp_slots_of_one_engine_keep_full_prefixes_in_a_parallel_backend(
 
 
 def test_claim_parks_the_replaced_tail_on_a_backend_that_can():
-    """The tail a new request replaces goes through the backend's park_tail where it has one (llama.cpp's unified
-    buffer keeps those cells taken while the new prompt is written), else through trim."""
+    """The tail a new request replaces goes through the backend's park_tail (llama.cpp's unified buffer keeps those
+    cells taken while the new prompt is written; the protocol's default trims)."""
 
-    class Parking:
+    class Parking(MarkovBackend):
         def __init__(self):
+            super().__init__(torch.zeros(4, 4))
             self.parked = []
 
         def park_tail(self, cache, n):
             self.parked.append(n)
             return cache.trim(n)
 
-    for backend in (Parking(), object()):
+    for backend in (Parking(), MarkovBackend(torch.zeros(4, 4))):
         cache, owner = MarkovCache(64), kvcache.RetainedPrefix()
         owner.claim(backend, cache, [])
         cache.tokens += [1, 2, 3, 4, 5]

@@ -11,9 +11,9 @@ import torch
 from markov_backend import (  # noqa: F401
     MarkovBackend,
     chi_square_pvalue,
-    sampled_counts,
     one_torch_thread,
     random_table,
+    sampled_counts,
     sequence_distribution,
 )
 from specdec.config import SamplingParams, SpecConfig
@@ -188,8 +188,8 @@ def test_sampled_output_is_distributed_as_the_target():
 
 
 def test_pipeline_and_cli_run_prompt_lookup_without_a_draft_model(target_backend):
-    from specdec.cli.main import build_parser
     from specdec.cli.flags import model_ref_from_args, spec_from_args
+    from specdec.cli.main import build_parser
     from specdec.decoder import SpecDecoder
 
     args = build_parser().parse_args(["generate", "--drafter", "prompt_lookup", "--k-policy", "adaptive", "-k", "6"])

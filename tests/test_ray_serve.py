@@ -131,15 +131,14 @@ def _serve_args(*argv):
 def test_ray_flags_are_checked_before_anything_starts():
     pytest.importorskip("fastapi")
     from specdec.cli.main import UserError
-    from specdec.server.ray_cli import ray_requested
+    from specdec.server.options import ray_requested
 
     assert not ray_requested(_serve_args("m.gguf"))
     assert ray_requested(_serve_args("m.gguf", "--replicas", "2"))
     assert ray_requested(_serve_args("m.gguf", "--max-replicas", "3"))
     with pytest.raises(UserError, match="--replicas"):
         ray_requested(_serve_args("m.gguf", "--ray-address", "auto"))
-    ray = pytest.importorskip("ray")  # noqa: F841 - scaling_from_args builds ray_serve's Scaling
-    from specdec.server.ray_cli import scaling_from_args
+    from specdec.server.options import scaling_from_args
 
     scaling = scaling_from_args(args := _serve_args("m.gguf", "--replicas", "2", "--replica-cpus", "1"))
     assert (scaling.replicas, scaling.autoscaling, scaling.max_ongoing_requests, args.threads) == (2, False, 2, 1)
@@ -159,7 +158,7 @@ def test_the_serve_run_builder_takes_specdec_serve_flags():
 
     app = app_builder({"model": "m.gguf", "draft": "d.gguf", "threads": 1, "exact": True, "replicas": 3})
     assert app is not None
-    from specdec.server.ray_cli import scaling_from_args
+    from specdec.server.options import scaling_from_args
 
     options = engine_options(scaling_from_args(_serve_args("m.gguf", "--replicas", "3")), 10.0)
     assert options["num_replicas"] == 3 and "autoscaling_config" not in options
@@ -264,7 +263,7 @@ def reference(pair):
 def cluster(pair):
     ray = pytest.importorskip("ray")
     serve = pytest.importorskip("ray.serve")
-    from specdec.server.ray_cli import scaling_from_args
+    from specdec.server.options import scaling_from_args
     from specdec.server.ray_serve import APP_NAME, ENGINE, build_application
 
     began = time.monotonic()

@@ -4,20 +4,18 @@ one sequence at a time cannot on a non-convex curve, and the scheduler drafts ex
 from __future__ import annotations
 
 import itertools
-import math
 import random
 
 import pytest
-import torch
 
-from specdec.engine import scheduler
-from specdec.kpolicy.adaptive import AdaptiveK
-from specdec.kpolicy.calibration import interpolate_cost
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine.single import plain_engine
-from specdec.kpolicy.row_allocation import Candidate, allocate_rows
+from specdec.engine import scheduler
 from specdec.engine.scheduler import BatchEngine
+from specdec.engine.single import plain_engine
+from specdec.kpolicy.adaptive import AdaptiveK
+from specdec.kpolicy.calibration import interpolate_cost
+from specdec.kpolicy.row_allocation import Candidate, allocate_rows
 from test_engine import PrefixLM
 
 # The engine's own decode-only passes of eight sequences, default pair, 2 threads, 2-vCPU EPYC (ttft_profile.py):

@@ -9,14 +9,14 @@ import types
 import numpy as np
 import pytest
 
-from specdec.kpolicy.adaptive import AdaptiveK, Ewma
 from specdec.backends.llamacpp.backend import LlamaCppBackend
 from specdec.config import SamplingParams, SpecConfig
+from specdec.core.verify import Verdict
 from specdec.drafters import create_drafter
-from specdec.engine.single import SpeculativeEngine, plain_engine
 from specdec.engine import scheduler
 from specdec.engine.scheduler import BatchEngine
-from specdec.core.verify import Verdict
+from specdec.engine.single import SpeculativeEngine, plain_engine
+from specdec.kpolicy.adaptive import AdaptiveK, Ewma
 from test_engine import SAMPLED, PrefixLM, chi_square_p, exact_sequence_distribution
 
 
@@ -83,7 +83,6 @@ def test_sampled_sequences_side_by_side_follow_the_target(monkeypatch):
     """Sampled, k=3: six sequences share every step, each with its own seed; their first three tokens jointly
     follow the target (chi-square against the exact distribution), and a negative control whose verifier accepts
     every draft is rejected: the test can fail."""
-    import specdec.engine.scheduler as scheduler
 
     target = PrefixLM(vocab=4, seed=11)
     draft = PrefixLM(vocab=4, seed=12, scale=1.2, base=target)
@@ -183,13 +182,13 @@ def test_a_burst_of_prompts_prefills_shortest_first_one_prompt_per_pass(monkeypa
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     sequences = [batch.add(p, params) for p in prompts]
     passes = []
-    real = scheduler.forward_batch
+    real = target.forward_batch
 
-    def spy(backend, rows):
+    def spy(rows):
         passes.append([(len(r.tokens), r.num_logits) for r in rows if len(r.tokens) > 1 or r.num_logits == 0])
-        return real(backend, rows)
+        return real(rows)
 
-    monkeypatch.setattr(scheduler, "forward_batch", spy)
+    monkeypatch.setattr(target, "forward_batch", spy)
     got = {id(s): [] for s in sequences}
     first_token_order = []
     while batch.running:
@@ -381,6 +380,12 @@ def test_draft_model_drafts_for_all_sequences_in_shared_passes():
         assert tokens[sequence.request_id] == want
 
 
+def use_llamacpp_pass_shaping(target) -> None:
+    """Give a fake target the llama.cpp backend's own rules for prefilling apart and fitting a chunk in one call."""
+    for rule in ("prefills_apart", "prompt_rows_beside"):
+        setattr(target, rule, types.MethodType(getattr(LlamaCppBackend, rule), target))
+
+
 @pytest.mark.parametrize("exact,apart", [(False, 0), (True, 0), (False, 14)])
 def test_fast_mode_fits_a_prompt_chunk_and_the_decode_rows_in_one_call(monkeypatch, exact, apart):
     """Fast mode shortens a prompt chunk by the decode rows beside it, so the pass is one call of batch_size rows
@@ -388,20 +393,20 @@ def test_fast_mode_fits_a_prompt_chunk_and_the_decode_rows_in_one_call(monkeypat
     target = PrefixLM(vocab=12, seed=8, max_context=512)
     target.batch_size, target.batch_invariant = 16, exact
     target.apart_prefill_rows = apart  # chunks this long are prefilled in a context of their own: no fitting
-    target.prefills_apart_chunk = types.MethodType(LlamaCppBackend.prefills_apart_chunk, target)  # the backend's rule
+    use_llamacpp_pass_shaping(target)
     batch = BatchEngine(target, None, SpecConfig(drafter="none"), max_running=3, prefill_chunk=16)
     runners = [batch.add([1, 2], SamplingParams(max_tokens=60, ignore_eos=True)),
                batch.add([3], SamplingParams(max_tokens=60, ignore_eos=True))]
     batch.step()
     batch.step()
     passes = []
-    real = scheduler.forward_batch
+    real = target.forward_batch
 
-    def spy(backend, rows):
+    def spy(rows):
         passes.append((sum(len(r.tokens) for r in rows), [len(r.tokens) for r in rows if r.num_logits <= 1 and len(r.tokens) > 1]))
-        return real(backend, rows)
+        return real(rows)
 
-    monkeypatch.setattr(scheduler, "forward_batch", spy)
+    monkeypatch.setattr(target, "forward_batch", spy)
     long_prompt = [(i * 7) % 12 for i in range(100)]
     params = SamplingParams(max_tokens=5, ignore_eos=True)
     newcomer = batch.add(long_prompt, params)
@@ -426,7 +431,7 @@ def _fast_engine_prefilling_apart(apart_rows: int, max_running: int):
     target = PrefixLM(vocab=12, seed=8, max_context=512)
     target.batch_size, target.batch_invariant = 16, False
     target.apart_prefill_rows = apart_rows
-    target.prefills_apart_chunk = types.MethodType(LlamaCppBackend.prefills_apart_chunk, target)
+    use_llamacpp_pass_shaping(target)
     return target, BatchEngine(target, None, SpecConfig(drafter="none"), max_running=max_running, prefill_chunk=16)
 
 

@@ -20,12 +20,11 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from specdec.cli import main as cli  # noqa: E402
 from specdec.config import SamplingParams  # noqa: E402
-from specdec.engine.single import Chunk  # noqa: E402
 from specdec.core.stats import SpecStats  # noqa: E402
-from specdec.loading.models import ModelLoadError  # noqa: E402
 from specdec.decoder import SpecDecoder  # noqa: E402
-from specdec.server import create_app  # noqa: E402
 from specdec.engine.scheduler import StepOutput  # noqa: E402
+from specdec.loading.models import ModelLoadError  # noqa: E402
+from specdec.server import create_app  # noqa: E402
 from specdec.server.worker import EngineWorker, Job  # noqa: E402
 from test_server import make_decoder, tiny_tokenizer  # noqa: E402
 
@@ -339,14 +338,14 @@ def _serve(*argv):
 
 def test_parallel_defaults_to_llama_servers_slot_count_on_llamacpp_and_one_on_torch(tmp_path, monkeypatch):
     from specdec.loading import models
-    from specdec.server.cli import AUTO_PARALLEL, _limits_from_args, resolved_parallel
+    from specdec.server.options import AUTO_PARALLEL, limits_from_args, resolved_parallel
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"")  # resolve() only needs the file to exist; nothing is loaded
     monkeypatch.setattr(models, "_require_llama_cpp", lambda: None)  # llama.cpp available
     args = _serve(str(gguf))
     assert args.parallel is None and AUTO_PARALLEL == 4
-    assert _limits_from_args(args).parallel == AUTO_PARALLEL and args.parallel == AUTO_PARALLEL
+    assert limits_from_args(args).parallel == AUTO_PARALLEL and args.parallel == AUTO_PARALLEL
     assert resolved_parallel(_serve(str(gguf), "--backend", "torch")) == 1
     assert resolved_parallel(_serve(str(gguf), "--device", "cuda")) == 1
     assert resolved_parallel(_serve(str(gguf), "--parallel", "2")) == 2  # given: kept as given
@@ -363,7 +362,7 @@ def test_the_parallel_default_does_not_assemble_the_packaged_model_before_the_se
     """The packaged default is a GGUF file: deciding the slot count never assembles it (the background load does,
     while /health says loading)."""
     from specdec.loading import models
-    from specdec.server.cli import AUTO_PARALLEL, resolved_parallel
+    from specdec.server.options import AUTO_PARALLEL, resolved_parallel
 
     monkeypatch.setattr(models, "_require_llama_cpp", lambda: None)
     monkeypatch.setattr(models, "assemble_packaged", lambda name: pytest.fail("assembled before listening"))
@@ -372,8 +371,8 @@ def test_the_parallel_default_does_not_assemble_the_packaged_model_before_the_se
 
 
 def test_parallel_below_one_is_refused_before_the_model_is_looked_at(monkeypatch):
-    from specdec.server import cli as server_cli
+    from specdec.server import options as server_options
 
-    monkeypatch.setattr(server_cli, "resolved_parallel", lambda args: pytest.fail("resolved before the checks"))
+    monkeypatch.setattr(server_options, "resolved_parallel", lambda args: pytest.fail("resolved before the checks"))
     with pytest.raises(cli.UserError, match="--parallel must be at least 1"):
-        server_cli._limits_from_args(_serve("m.gguf", "--parallel", "0"))
+        server_options.limits_from_args(_serve("m.gguf", "--parallel", "0"))

@@ -12,13 +12,13 @@ pytest.importorskip("uvicorn")
 
 import httpx  # noqa: E402
 
+from specdec.backends.pytorch.backend import TransformersBackend  # noqa: E402
 from specdec.config import SpecConfig  # noqa: E402
 from specdec.decoder import SpecDecoder  # noqa: E402
 from specdec.server import create_app  # noqa: E402
 from specdec.server.limits import ServerLimits  # noqa: E402
 from test_server import LiveServer, metric_values, tiny_tokenizer  # noqa: E402
 from test_server_lifecycle import in_thread, wait_until  # noqa: E402
-from specdec.backends.pytorch.backend import TransformersBackend  # noqa: E402
 
 PROMPTS = ["w1 w2", "w5 w6 w7 w5 w6 w7 w5 w6", "w9", "w11 w12 w13 w14", "w20 w21 w20 w21 w20", "w30 w31 w32"]
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB, tiny_llama, tiny_qwen2
 from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from specdec.backends.pytorch.static_decoder import static_support
+from conftest import VOCAB, tiny_llama, tiny_qwen2
+from specdec.backends.kvcache import ContextOverflowError
 from specdec.backends.pytorch.backend import TransformersBackend
+from specdec.backends.pytorch.static_decoder import static_support
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
 from specdec.engine.single import SpeculativeEngine, plain_engine
-from specdec.backends.kvcache import ContextOverflowError
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -238,6 +238,7 @@ def test_cuda_sampling_uses_a_cuda_generator_and_is_seeded():
 def test_cuda_sampled_engine_follows_the_target_distribution():
     """Speculative sampling on CUDA graphs: the first two tokens jointly follow the target (chi-square)."""
     import numpy as np
+
     from test_engine import chi_square_p
 
     vocab = 6

@@ -7,7 +7,13 @@ from collections import Counter
 
 import pytest
 
-from markov_backend import MarkovBackend, chi_square_pvalue, random_table, sampled_counts, sequence_distribution
+from markov_backend import (
+    MarkovBackend,
+    chi_square_pvalue,
+    random_table,
+    sampled_counts,
+    sequence_distribution,
+)
 from specdec.config import ConfigError, SamplingParams, SpecConfig
 from specdec.drafters import available_drafters, create_drafter
 from specdec.drafters.suffix import SuffixCache, SuffixDrafter, SuffixTrie

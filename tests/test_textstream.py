@@ -254,9 +254,10 @@ def byte_level_tokenizer():
     a few merges, ChatML specials), built in memory: multi-byte characters split into one token per byte."""
     pytest.importorskip("tokenizers")
     pytest.importorskip("transformers")
-    from tiny_gguf import SPECIALS, vocabulary
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+
+    from tiny_gguf import SPECIALS, vocabulary
 
     tokens, _, merges = vocabulary()
     core = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)},

@@ -9,12 +9,12 @@ import torch
 
 from conftest import tiny_llama, tiny_qwen2
 from specdec.backends.base import BatchRows, forward_batch
-from specdec.backends.pytorch.batched_cache import BatchedView
-from specdec.backends.pytorch.backend import TransformersBackend
-from specdec.config import SamplingParams
-from specdec.engine.single import plain_engine
 from specdec.backends.kvcache import ContextOverflowError
+from specdec.backends.pytorch.backend import TransformersBackend
+from specdec.backends.pytorch.batched_cache import BatchedView
+from specdec.config import SamplingParams
 from specdec.engine.scheduler import BatchEngine
+from specdec.engine.single import plain_engine
 from test_engine import perturbed_copy
 from test_scheduler import PROMPTS, letters_decoder, run_all, spec_pieces
 

@@ -13,8 +13,8 @@ from conftest import save_tiny_model, tiny_llama, tiny_qwen2, tiny_tokenizer
 from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.bench.datasets import BenchPrompt
 from specdec.bench.method.methods import MethodOptions, expand_method
-from specdec.cli.main import build_parser, main
 from specdec.cli.flags import model_ref_from_args, sampling_from_args, spec_from_args
+from specdec.cli.main import build_parser, main
 from specdec.config import ConfigError, ModelRef, SamplingParams, SpecConfig
 from specdec.tune import (
     DraftCandidate,
@@ -377,11 +377,11 @@ def test_tune_command_end_to_end_and_its_config_runs_generate(model_dirs, tmp_pa
 
 def test_tune_command_says_do_not_speculate_and_writes_it(models, clock, tmp_path, monkeypatch, capsys):
     """docs/tune.md promises a message when the best choice is not to speculate: printed, and in tuned.json."""
-    import specdec.loading.models
+    import specdec.tune.cli
     from specdec.tune.cli import run_tune_command
 
     target, drafts, hooks = _backends(models, clock, "bad")
-    monkeypatch.setattr(specdec.loading.models, "load_backend", lambda reference, *args, **kwargs: drafts[0].backend)
+    monkeypatch.setattr(specdec.tune.cli, "load_backend", lambda reference, *args, **kwargs: drafts[0].backend)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps(p.text) for p in _prompts(3)) + "\n")
     out = tmp_path / "out"

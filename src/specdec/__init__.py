@@ -1,6 +1,7 @@
 """specdec public API: load a target/draft pair, then generate or stream losslessly with speculative decoding."""
 
 import importlib
+from typing import TYPE_CHECKING
 
 from specdec.host.amx_guard import keep_onednn_off_amx
 
@@ -8,6 +9,9 @@ keep_onednn_off_amx()  # before torch computes anything (see host/amx_guard.py)
 
 from specdec.config import ConfigError, ModelRef, SamplingParams, SpecConfig  # noqa: E402
 from specdec.version import __version__  # noqa: E402
+
+if TYPE_CHECKING:
+    from specdec.decoder import SpecDecoder
 
 # The names that need torch are imported on first use (PEP 562), so `import specdec` (and the `specdec`
 # console script, which imports this package first) costs milliseconds: a Ctrl-C during torch's import

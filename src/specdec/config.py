@@ -9,13 +9,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.errors import ConfigError
+
 WEIGHT_FORMATS = ("fp32", "bf16", "int8")
 # Runtimes: "auto" picks llama.cpp for GGUF files (and the default pair) on CPU, torch otherwise.
 BACKENDS = ("auto", "torch", "llama.cpp")
-
-
-class ConfigError(ValueError):
-    """A user-supplied option is invalid; the message says which and why."""
 
 
 def _check(condition: bool, message: str) -> None:

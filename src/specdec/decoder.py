@@ -7,6 +7,7 @@ from typing import Iterator, Sequence
 from specdec.config import ModelRef, SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
 from specdec.engine.single import Chunk, Generation, SpeculativeEngine
+from specdec.loading.models import load_pair
 
 
 class SpecDecoder:
@@ -19,13 +20,11 @@ class SpecDecoder:
         # too): it costs microseconds where it finds no match, and the policy drafts only where copying pays.
         self.spec = spec or (SpecConfig(drafter="draft_model") if draft is not None
                              else SpecConfig(drafter="suffix", k_policy="adaptive"))
-        self.tokenizer = getattr(target, "tokenizer", None)
+        self.tokenizer = target.tokenizer
         self._engines: dict[SpecConfig, SpeculativeEngine] = {}
 
     @classmethod
     def load(cls, ref: ModelRef | None = None, spec: SpecConfig | None = None) -> "SpecDecoder":
-        from specdec.loading.models import load_pair
-
         ref = ref or ModelRef()
         target, draft = load_pair(
             ref.target, ref.draft, ref.weight_format, ref.max_context, draft_weight_format=ref.draft_weight_format,

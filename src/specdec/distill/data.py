@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
+from specdec.backends.base import forward_batch
+from specdec.backends.kvcache import ContextOverflowError
 from specdec.bench.datasets import BenchPrompt, DatasetError, load_prompt_file, load_tasks, parse_tasks
 from specdec.config import SamplingParams
-from specdec.engine.single import plain_engine
-from specdec.backends.kvcache import ContextOverflowError
 from specdec.distill.losses import topk_log_probs
+from specdec.engine.single import plain_engine
 
 DEFAULT_TOP_K = 64
 
@@ -95,8 +97,6 @@ class TopKRecorder:
 
     def forward_batch(self, batch) -> list[torch.Tensor]:
         """The engine's path (one pass over its sequences' rows): recorded like forward."""
-        from specdec.backends.base import forward_batch
-
         results = forward_batch(self.backend, batch)
         for logits in results:
             if len(logits):
@@ -121,8 +121,6 @@ def collect_examples(
     own (temperature 1) whatever the decoding. Returns the examples and the ids of prompts that do not fit
     the target's context (skipped).
     """
-    from tqdm import tqdm
-
     params = params or SamplingParams(max_tokens=64)
     recorder = TopKRecorder(target, top_k)
     engine = plain_engine(recorder)

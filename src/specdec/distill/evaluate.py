@@ -14,7 +14,7 @@ from pathlib import Path
 from specdec.bench.cells import format_cell
 from specdec.bench.datasets import BenchPrompt
 from specdec.bench.method.methods import MethodOptions, resolve_methods
-from specdec.bench.method.report import write_results
+from specdec.bench.method.render import write_results
 from specdec.bench.method.runner import BenchConfig, run_bench
 from specdec.config import SamplingParams
 from specdec.decoder import SpecDecoder

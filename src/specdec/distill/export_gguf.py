@@ -13,8 +13,11 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
+
+from specdec.backends.llamacpp.backend import LlamaCppUnavailable, llama_cpp_module
 
 GGUF_TYPES = ("f32", "f16", "q8_0", "q4_k_m")
 _LLAMA_FTYPES = {"q8_0": 7, "q4_k_m": 15}  # llama.h: LLAMA_FTYPE_MOSTLY_Q8_0, LLAMA_FTYPE_MOSTLY_Q4_K_M
@@ -26,8 +29,6 @@ class GGUFExportError(ValueError):
 
 
 def _arch(model):
-    import gguf
-
     archs = {"qwen2": gguf.MODEL_ARCH.QWEN2, "llama": gguf.MODEL_ARCH.LLAMA}
     model_type = getattr(model.config, "model_type", None)
     if model_type not in archs:
@@ -72,8 +73,6 @@ def _config_fields(writer, config) -> None:
 def write_gguf(model, path: str | Path, source_gguf: str | Path | None = None,
                vocab_gguf: str | Path | None = None, dtype: str = "f16") -> Path:
     """Write `model` to `path` as F32/F16 GGUF with the metadata of source_gguf, else config + vocab_gguf's vocabulary."""
-    import gguf
-
     if dtype not in ("f32", "f16"):
         raise GGUFExportError(f"write_gguf writes f32 or f16, not {dtype!r} (quantize afterwards)")
     if source_gguf is None and vocab_gguf is None:
@@ -119,8 +118,6 @@ def write_gguf(model, path: str | Path, source_gguf: str | Path | None = None,
 
 def quantize_gguf(source: str | Path, destination: str | Path, kind: str = "q4_k_m", threads: int = 0) -> Path:
     """Quantize a GGUF with llama.cpp's quantizer (the one that wrote the default pair's files)."""
-    from specdec.backends.llamacpp.backend import LlamaCppUnavailable, llama_cpp_module
-
     if kind not in _LLAMA_FTYPES:
         raise GGUFExportError(f"unknown quantization {kind!r}; choose from {', '.join(_LLAMA_FTYPES)}")
     try:

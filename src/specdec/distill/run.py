@@ -9,11 +9,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import gguf
+
+from specdec.backends.llamacpp.backend import llama_cpp_module
+from specdec.bench.method.runner import BenchConfig, BenchRunner
 from specdec.config import ConfigError, SamplingParams
+from specdec.decoder import SpecDecoder
 from specdec.distill.data import DEFAULT_TOP_K, PromptSplit, collect_examples, load_examples, save_examples
 from specdec.distill.evaluate import DEFAULT_EVAL_METHODS, compare, eval_methods, evaluate_draft, write_report
 from specdec.distill.export_gguf import GGUF_TYPES, GGUFExportError, export_gguf
 from specdec.distill.train import TrainConfig, load_trainable_draft, require_peft, save_draft, train_draft
+from specdec.loading.models import check_vocab_compatible, load_backend
 
 # general.file_type of a source GGUF -> the type its distilled replacement is written in ("auto").
 _FILE_TYPES = {0: "f32", 1: "f16", 7: "q8_0", 15: "q4_k_m"}
@@ -56,8 +62,6 @@ def _log(message: str) -> None:
 
 def encode_prompts(decoder, prompts, chat: bool | None) -> list[tuple[str, list[int]]]:
     """Token ids of prompts exactly as `specdec bench` encodes them (chat template when there is one)."""
-    from specdec.bench.method.runner import BenchConfig, BenchRunner
-
     runner = BenchRunner(decoder, BenchConfig(methods=[], chat=chat))
     try:
         return [(f"{p.task}/{p.id}", runner.encode(p)) for p in prompts]
@@ -70,15 +74,12 @@ def _gguf_kind(option: str | None, source_gguf: Path | None) -> str | None:
         return option
     if source_gguf is None:
         return "f16"
-    import gguf
 
     field_ = gguf.GGUFReader(str(source_gguf)).fields.get("general.file_type")
     return _FILE_TYPES.get(int(field_.contents()) if field_ is not None else 0, "f16")
 
 
 def _load_draft_for_eval(path: str, options: DistillOptions, runtime: str):
-    from specdec.loading.models import load_backend
-
     return load_backend(path, options.draft_weight_format, options.max_context, "draft", runtime, options.threads)
 
 
@@ -97,9 +98,6 @@ def distill(
     format (config.json, weights, the target's tokenizer: their vocabularies are checked to be the same),
     draft.gguf when it can be written, distill-data.pt (the collected data), and eval-before/, eval-after/.
     """
-    from specdec.loading.models import check_vocab_compatible, load_backend
-    from specdec.decoder import SpecDecoder
-
     options = options or DistillOptions()
     require_peft(options.train)
     out = Path(out_dir)
@@ -188,9 +186,7 @@ def _export(model, out: Path, source_gguf: Path | None, target_backend, options:
     kind = _gguf_kind(options.gguf, source_gguf)
     try:
         if options.gguf == "auto" and kind in ("q8_0", "q4_k_m"):
-            from specdec.backends.llamacpp.backend import llama_cpp_module
-
-            llama_cpp_module()
+            llama_cpp_module()  # raises ImportError where llama-cpp-python is not installed
         return export_gguf(model, out / "draft.gguf", source_gguf, vocab_gguf, kind, options.threads or 0), None
     except (GGUFExportError, ImportError) as exc:
         if options.gguf != "auto":

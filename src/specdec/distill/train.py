@@ -3,6 +3,7 @@ full fine-tuning or LoRA (merged afterwards), AdamW, a progress bar with the los
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import math
 import os
@@ -13,10 +14,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.config import ConfigError
 from specdec.distill.data import DistillExample
 from specdec.distill.losses import LOSSES, divergence, restrict_to_vocab
+from specdec.loading.models import (
+    DEFAULT_MODELS,
+    ModelLoadError,
+    drop_gguf_marker,
+    from_pretrained_kwargs,
+    hub_kwargs,
+    resolve,
+    save_converted,
+    torch_source,
+)
+from specdec.loading.progress import long_work_bars
 
 METHODS = ("lora", "full")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -101,20 +115,6 @@ def load_trainable_draft(reference: str, dtype: str = "fp32"):
     Uses the model references of specdec.loading.models (hub id, directory, .gguf, the packaged default draft and its
     cached transformers copy), but none of the inference-only weight formats (packed or int8 linears).
     """
-    from transformers import AutoModelForCausalLM
-
-    from specdec.loading.models import (
-    DEFAULT_MODELS,
-    ModelLoadError,
-    drop_gguf_marker,
-    save_converted,
-    from_pretrained_kwargs,
-    hub_kwargs,
-    resolve,
-    torch_source,
-)
-    from specdec.loading.progress import long_work_bars
-
     reference = "default-draft" if reference == "default" else reference
     resolved = resolve(reference)
     gguf_path = Path(resolved.source) / resolved.gguf_file if resolved.gguf_file else None
@@ -128,8 +128,6 @@ def load_trainable_draft(reference: str, dtype: str = "fp32"):
     if source.gguf_file:
         drop_gguf_marker(model)
         if reference in DEFAULT_MODELS:
-            from transformers import AutoTokenizer
-
             # Keep the transformers copy the torch backend would keep, so the next load takes seconds.
             save_converted(model, AutoTokenizer.from_pretrained(source.source, gguf_file=source.gguf_file), gguf_path)
     return model, gguf_path
@@ -137,14 +135,12 @@ def load_trainable_draft(reference: str, dtype: str = "fp32"):
 
 def require_peft(config: TrainConfig) -> None:
     """LoRA needs peft; say so before minutes are spent generating data."""
-    import importlib.util
-
     if config.method == "lora" and importlib.util.find_spec("peft") is None:
         raise ConfigError("--method lora needs peft: pip install 'specdec[distill]' (or use --method full)")
 
 
 def _wrap_lora(model, config: TrainConfig):
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # the distill extra (require_peft checked it first)
 
     lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules="all-linear", task_type="CAUSAL_LM")
@@ -203,8 +199,6 @@ def train_draft(model, examples: Sequence[DistillExample], config: TrainConfig |
 
     LoRA adapters are merged into the weights before returning, so the result saves and loads like the input.
     """
-    from tqdm import tqdm
-
     config = config or TrainConfig()
     require_peft(config)
     if not examples:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Sequence
 
 import torch
 
@@ -22,43 +23,67 @@ class Draft:
     catchup_seconds: float = 0.0
 
 
-@runtime_checkable
-class Drafter(Protocol):
+class Drafter(ABC):
     """Proposes continuations and learns from how many were accepted.
 
-    The engine owns the sequence; a drafter only reads it. `begin` is called once per request with
-    the prompt, `propose(context, k)` sees every token so far (prompt + emitted), and `accepted`
-    reports how many of the last draft survived so the drafter can roll its own state back.
+    The engine owns the sequence; a drafter only reads it. `begin` is called once per request with the prompt,
+    `propose(context, k)` sees every token so far (prompt + emitted), `accepted` reports how many of the last
+    draft survived so the drafter can roll its own state back, and `end` is called once a request stops, however
+    it stops (after an error inside `propose`, the drafter empties its own cache). The rest has defaults:
 
-    Optionally, `next_source(context) -> str | None` names the source the next propose() will draft
-    from (e.g. "ngram3" for a 3-gram copy, "model"); the engine keeps one k policy per source, since
-    their acceptance and cost differ. None means nothing to propose: the engine takes a plain step.
-    Without the method, the drafter is one source named after itself.
-
-    Optionally, a deterministic drafter (its draft a function of the context alone) has
-    `plan(context) -> list[int]`: the draft propose() would return at the largest k. The engine scores each
-    step's plan against the tokens that follow (plan_ledger.py), so its k policy learns acceptance without
-    drafting to explore. A stochastic drafter (a draft model sampling q) must not have it.
-
-    A drafter with a cache of its own (a draft model) may keep it across requests: `begin` then keeps
-    the part it shares with the new prompt (the longest common prefix, at most prompt[:-1]) instead of
-    starting empty, and `end` leaves it holding what it holds, which the drafter records. Such a drafter
-    has a `prefix_cache: bool` attribute, which the engine sets from its own switch before `begin`
-    (False: empty at `begin` and at `end`, as a cold run wants). `end` is called once a request stops,
-    however it stops; after an error inside `propose`, the drafter empties its cache itself. Optionally,
-    `observe(context)` is called just before `end` with the whole context (prompt + every token emitted),
-    for a drafter that learns from outputs across requests (the suffix drafter's cache).
+    - `next_source(context)` names the source the next propose() drafts from ("ngram3" for a 3-gram copy,
+      "model"); the engine keeps one k policy per source, since their acceptance and cost differ. None: nothing
+      to propose, a plain step. By default the drafter is one source named after itself.
+    - `plan(context)`, for a deterministic drafter (its draft a function of the context alone): the draft
+      propose() would return at the largest k. The engine scores each step's plan against the tokens that follow
+      (plan_ledger.py), so its k policy learns acceptance without drafting to explore. A stochastic drafter (a
+      draft model sampling q) returns None, the default.
+    - `prefix_cache`: the engine sets it from its own switch before `begin`. A drafter with a cache of its own (a
+      draft model) then keeps, at `begin`, the part it shares with the new prompt (at most prompt[:-1]) and at
+      `end` what it holds; False: empty at both, as a cold run wants.
+    - `observe(context)` is called just before `end` with the whole context, for a drafter that learns from
+      outputs across requests (the suffix drafter's cache).
+    - `can_spawn` and `spawn()`: a fresh drafter of the same kind for another slot of a batching engine,
+      sharing what may be shared (the draft model's weights, the suffix cache).
+    - `batch_key()` and `propose_batch`: drafters with equal keys (one draft model) draft together, their
+      forwards sharing passes; None (the default): each drafts alone.
     """
 
     name: str
+    prefix_cache = True
+    can_spawn = False
 
+    @abstractmethod
     def begin(self, prompt: Sequence[int], params: SamplingParams, generator: torch.Generator) -> None: ...
 
+    @abstractmethod
     def propose(self, context: Sequence[int], k: int) -> Draft: ...
 
+    @abstractmethod
     def accepted(self, num_accepted: int, num_proposed: int) -> None: ...
 
+    @abstractmethod
     def end(self) -> None: ...
+
+    def next_source(self, context: Sequence[int]) -> str | None:
+        return self.name
+
+    def plan(self, context: Sequence[int]) -> list[int] | None:
+        return None
+
+    def observe(self, context: Sequence[int]) -> None:
+        return None
+
+    def spawn(self) -> "Drafter":
+        raise NotImplementedError(f"the {self.name} drafter cannot serve several sequences at once")
+
+    def batch_key(self) -> object | None:
+        return None
+
+    @staticmethod
+    def propose_batch(requests: Sequence[tuple["Drafter", Sequence[int], int]]) -> list[Draft]:
+        """Drafts for several (drafter, context, k) of equal batch_key, in order; by default one by one."""
+        return [drafter.propose(context, k) for drafter, context, k in requests]
 
 
 DrafterFactory = Callable[..., Drafter]

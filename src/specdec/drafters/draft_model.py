@@ -7,14 +7,14 @@ from typing import Sequence
 
 import torch
 
-from specdec.config import SamplingParams, SpecConfig
 from specdec.backends.base import BatchRows, embeddable_ids, forward_batch
 from specdec.backends.kvcache import RetainedPrefix
+from specdec.config import SamplingParams, SpecConfig
 from specdec.core.sampling import greedy_tokens, probabilities, sample_token
-from specdec.drafters.base import Draft, register_drafter
+from specdec.drafters.base import Draft, Drafter, register_drafter
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """Proposes up to k tokens from a draft model; q goes through the same sampling transform as the target.
 
     Cache invariant between calls: the draft cache holds a prefix of the engine's context, so each
@@ -33,6 +33,7 @@ class DraftModelDrafter:
     """
 
     name = "draft_model"
+    can_spawn = True
 
     def __init__(self, draft_backend, spec: SpecConfig | None = None, **_: object):
         if draft_backend is None:
@@ -40,7 +41,7 @@ class DraftModelDrafter:
         self.backend = draft_backend
         self.spec = spec or SpecConfig()
         self.cache = None
-        self.prefix_cache = getattr(self.spec, "prefix_cache", True)
+        self.prefix_cache = self.spec.prefix_cache
         self.retained = RetainedPrefix()
         self.num_cached_prompt_tokens = 0  # prompt tokens this request found in the cache
         self._fed_draft = 0  # draft tokens written to the cache by the last propose()
@@ -85,6 +86,10 @@ class DraftModelDrafter:
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         return propose_together([(self, context, k)])[0]
+
+    def batch_key(self) -> object:
+        """Drafters on one draft model draft together: their forwards share passes."""
+        return id(self.backend)
 
     @staticmethod
     def propose_batch(requests: Sequence[tuple["DraftModelDrafter", Sequence[int], int]]) -> list[Draft]:

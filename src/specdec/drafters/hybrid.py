@@ -15,12 +15,12 @@ from collections.abc import Sequence
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import Draft, register_drafter
+from specdec.drafters.base import Draft, Drafter, register_drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 
 
-class HybridDrafter:
+class HybridDrafter(Drafter):
     """Prompt lookup first, draft model as the fallback.
 
     min_match: the shortest n-gram match that is trusted over the draft model (default 2, kept
@@ -28,6 +28,7 @@ class HybridDrafter:
     """
 
     name = "hybrid"
+    can_spawn = True
 
     def __init__(self, draft_backend, spec: SpecConfig | None = None, min_match: int | None = None):
         if draft_backend is None:

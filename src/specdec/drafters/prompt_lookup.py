@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import Draft, register_drafter
+from specdec.drafters.base import Draft, Drafter, register_drafter
 
 
 class NgramIndex:
@@ -79,7 +79,7 @@ class NgramIndex:
         return [], 0
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Copies continuations from the context itself (prompt lookup decoding; llama.cpp's lookup, vLLM's ngram).
 
     n-gram sizes come from spec.lookup_max_ngram down to spec.lookup_min_ngram (overridable). The
@@ -88,6 +88,7 @@ class PromptLookupDrafter:
     """
 
     name = "prompt_lookup"
+    can_spawn = True
 
     def __init__(self, spec: SpecConfig | None = None, min_ngram: int | None = None, max_ngram: int | None = None):
         self.spec = spec or SpecConfig(drafter=self.name)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import Draft, register_drafter
+from specdec.drafters.base import Draft, Drafter, register_drafter
 
 
 class _Node:
@@ -250,7 +250,7 @@ class SuffixCache:
         self._tokens = 0
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     """Drafts from the request's own suffix trie (prompt + output) and the cross-request cache.
 
     Sources for the engine's per-source k policies: "suffix-<where>-<m>" with where = "req" or
@@ -258,6 +258,7 @@ class SuffixDrafter:
     """
 
     name = "suffix"
+    can_spawn = True
 
     def __init__(self, spec: SpecConfig | None = None, cache: SuffixCache | None = None):
         self.spec = spec or SpecConfig(drafter=self.name)

@@ -12,18 +12,19 @@ from typing import Callable, Sequence
 
 import torch
 
-from specdec.backends.base import BatchRows, forward_batch
-from specdec.kpolicy.adaptive import Ewma
-from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import Draft, Drafter
+from specdec.backends.base import BatchRows, ModelBackend
 from specdec.backends.kvcache import ContextOverflowError, RetainedPrefix, common_prefix_length
-from specdec.core.stats import SpecStats
-from specdec.kpolicy.plan_ledger import PlanLedger
-from specdec.kpolicy.base import make_policy
-from specdec.kpolicy.row_allocation import Candidate, allocate_rows
+from specdec.config import SamplingParams, SpecConfig
 from specdec.core.sampling import greedy_tokens, make_generator, probabilities
-from specdec.engine.textstream import TextStream
+from specdec.core.stats import SpecStats
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled
+from specdec.drafters.base import Draft, Drafter
+from specdec.engine.textstream import TextStream
+from specdec.kpolicy.adaptive import Ewma
+from specdec.kpolicy.calibration import DEFAULT_SIZES, cached_pass_costs, measure_pass_costs
+from specdec.kpolicy.factory import make_policy
+from specdec.kpolicy.plan_ledger import PlanLedger
+from specdec.kpolicy.row_allocation import Candidate, allocate_rows
 
 
 @dataclass
@@ -116,10 +117,8 @@ class BatchEngine:
         self.target = target
         self.spec = spec or SpecConfig()
         self.decode = decode or default_decoder(target)
-        if prefix_cache is None:
-            prefix_cache = getattr(self.spec, "prefix_cache", True)
-        self.prefix_cache = bool(prefix_cache)
-        self.prefill_chunk = max(1, int(prefill_chunk or getattr(target, "batch_size", 512)))
+        self.prefix_cache = bool(self.spec.prefix_cache if prefix_cache is None else prefix_cache)
+        self.prefill_chunk = max(1, int(prefill_chunk or target.batch_size))
         self._slot_group = object()  # what this engine's slots share (kvcache.RetainedPrefix groups)
         self.slots = [Slot(drafter)]
         self.set_max_running(max_running)
@@ -138,7 +137,7 @@ class BatchEngine:
         """How many sequences may run together from the next admission on (a server's --parallel)."""
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
-        if self.drafter is not None and max_running > 1 and not hasattr(self.drafter, "spawn"):
+        if self.drafter is not None and max_running > 1 and not self.drafter.can_spawn:
             raise ValueError(f"the {self.drafter.name} drafter cannot serve several sequences at once (no spawn())")
         self.max_running = max_running
 
@@ -150,7 +149,7 @@ class BatchEngine:
     def reuses_prefix(self) -> bool:
         """Whether a request may keep the cache prefix it shares with its slot's previous request (see
         SpeculativeEngine.reuses_prefix: never on a batch-invariant target)."""
-        return self.prefix_cache and not getattr(self.target, "batch_invariant", False)
+        return self.prefix_cache and not self.target.batch_invariant
 
     def check_request(self, prompt: Sequence[int], params: SamplingParams) -> None:
         """Refuse a request that cannot fit, before any work is done."""
@@ -180,8 +179,6 @@ class BatchEngine:
         """Measure the target's pass cost per row count on slot 0's cache (calibration.py) and keep it on the
         backend, where every adaptive policy made afterwards reads it: 1 to k + 1 rows, and up to
         max_running * (k + 1) (at most 64) when several sequences may share a pass. Only between requests."""
-        from specdec.kpolicy.calibration import DEFAULT_SIZES, cached_pass_costs, measure_pass_costs
-
         if self.running:
             raise RuntimeError("calibrate only while no sequence is running")
         slot = self.slots[0]
@@ -190,7 +187,7 @@ class BatchEngine:
         # Several sequences share a pass: the load-aware policy reads the curve up to all their rows.
         most = min((k + 1) * self.max_running, max(DEFAULT_SIZES))
         sizes = sizes or sorted({s for s in DEFAULT_SIZES if s <= most} | {1, k + 1})
-        options = getattr(self.target, "calibration_options", {})
+        options = self.target.calibration_options()
 
         def measure(wanted):
             slot.retained.drop()  # the measurement empties the cache
@@ -208,21 +205,21 @@ class BatchEngine:
         self.check_request(prompt, params)
         if not self.has_room:
             raise RuntimeError(f"all {self.max_running} sequences are running; admit at a step boundary")
-        if self.spec.k_policy == "adaptive" and getattr(self.target, "calibrate_on_first_use", False) \
-                and getattr(self.target, "pass_costs", None) is None and self.drafter is not None and not self.running:
+        if self.spec.k_policy == "adaptive" and self.target.calibrate_on_first_use \
+                and self.target.pass_costs is None and self.drafter is not None and not self.running:
             self.calibrate()  # a GPU's nearly free rows, a CPU's kinked curve: no line through two sizes shows them
         slot = self._free_slot(prompt)
         began = time.perf_counter()
         stats = SpecStats(num_prompt_tokens=len(prompt))
         sequence = RunningSequence(
             request_id=next(self._ids), prompt=prompt, params=params, slot=slot,
-            generator=make_generator(params.seed, getattr(self.target, "device", "cpu")),
+            generator=make_generator(params.seed, self.target.device),
             eos=frozenset() if params.ignore_eos else self.target.eos_token_ids,
             text=TextStream(self.decode, params.stop), stats=stats, began=began, context=list(prompt), tag=tag)
         cache = self.cache_of(slot)
         # The slots keep their prefixes side by side while the target's memory is sized for all of them
         # (llama.cpp: `parallel` sequences; torch: a memory per cache); beyond that, as separate owners.
-        room = getattr(self.target, "parallel", None) or len(self.slots)
+        room = self.target.parallel or len(self.slots)
         slot.retained.group = self._slot_group if len(self.slots) <= room else None
         # Keep the longest common prefix of what the slot's cache holds and prompt[:-1]; prefill only the rest (at
         # least the last prompt token, whose logits give the first token).
@@ -234,8 +231,7 @@ class BatchEngine:
         drafter = slot.drafter
         try:
             if drafter is not None:
-                if hasattr(drafter, "prefix_cache"):
-                    drafter.prefix_cache = self.prefix_cache  # one switch for both caches
+                drafter.prefix_cache = self.prefix_cache  # one switch for both caches (a draft model's)
                 drafter.begin(prompt, params, sequence.generator)
             if self.max_running == 1:
                 for kept in self.adaptive_policies.values():
@@ -282,7 +278,7 @@ class BatchEngine:
         drafter = slot.drafter
         if drafter is not None:
             try:
-                if hasattr(drafter, "observe") and reason != "error":
+                if reason != "error":
                     drafter.observe(sequence.context)  # everything emitted, for a drafter that learns from outputs
             finally:
                 drafter.end()
@@ -317,14 +313,12 @@ class BatchEngine:
                 plans.append(_Plan(sequence, rows, decode=True, proposed=proposed, draft=draft, policy=policy))
         if not plans:
             return outputs
-        self._fit_prompt_chunk_in_one_call(plans)
+        self._fit_prompt_chunk_beside_decode_rows(plans)
+        if len(plans) == 1 and plans[0].decode and plans[0].sequence.params.greedy:
+            plans[0].rows.greedy_draft = plans[0].proposed  # the backend may stop at the first departure
         began = time.perf_counter()
-        slice_rows = self._verification_slice_rows(plans)
         try:
-            if slice_rows:
-                logits = [verify_rows_in_slices(self.target, plans[0].rows, plans[0].proposed, slice_rows)]
-            else:
-                logits = forward_batch(self.target, [p.rows for p in plans])
+            logits = self.target.forward_batch([p.rows for p in plans])
         except BaseException as exc:
             # The backend rolled every cache back to before the call; the sequences in it end, with the error.
             for plan in plans:
@@ -334,7 +328,8 @@ class BatchEngine:
                 raise
             return outputs
         target_seconds = time.perf_counter() - began
-        self.last_pass_rows = len(logits[0]) if slice_rows else sum(len(p.rows.tokens) for p in plans)
+        # Rows the pass computed (a greedy verification stopped early computes fewer than it was given).
+        self.last_pass_rows = sum(len(rows_logits) if p.decode else len(p.rows.tokens) for p, rows_logits in zip(plans, logits))
         if len(plans) > 1 and all(p.decode for p in plans):
             self._record_shared_pass(self.last_pass_rows, target_seconds)
         for plan, rows_logits in zip(plans, logits):
@@ -354,48 +349,26 @@ class BatchEngine:
 
     def _first_token_goes_ahead(self, prompt: _Plan) -> bool:
         """Whether this prompt chunk runs alone, the decoding streams' pass in the next step (which then takes no
-        prompt chunk): when it ends its prompt and is prefilled in a context of its own (apart_prefill.py).
+        prompt chunk): when it ends its prompt and the backend prefills it in a call of its own (prefills_apart).
 
-        Such a chunk and the streams' rows are two llama_decode calls anyway; in one step the first token would
-        wait for the streams' pass too (0.25 s for seven streams on the 2-vCPU EPYC, 2 threads). In two steps,
-        chunk then streams, the same passes run in the same order of cost, the first token comes out after the
-        chunk, and the streams' tokens come out when they did (after both)."""
-        apart = getattr(self.target, "prefills_apart_chunk", None)
+        Such a chunk and the streams' rows are two calls anyway; in one step the first token would wait for the
+        streams' pass too (0.25 s for seven streams on the 2-vCPU EPYC, 2 threads, llama.cpp). In two steps, chunk
+        then streams, the same passes run in the same order of cost, the first token comes out after the chunk,
+        and the streams' tokens come out when they did (after both)."""
         rows = prompt.rows
-        return (not prompt.decode and rows.num_logits == 1 and apart is not None
-                and bool(apart(len(rows.tokens), rows.num_logits)))
+        return not prompt.decode and rows.num_logits == 1 and self.target.prefills_apart(len(rows.tokens), 1)
 
-    def _fit_prompt_chunk_in_one_call(self, plans: list["_Plan"]) -> None:
-        """Fast mode: shorten this pass's prompt chunk so that it and the decode rows beside it fill one call of
-        batch_size rows. A full chunk plus decode rows is two llama_decode calls, and the second, of a few rows,
-        reads every weight again (~70-130 ms at 2 threads on the AMX Xeon). Exact mode keeps whole chunks: a
-        prompt's keys and values are exact only when it is cut the same way as alone."""
-        limit = int(getattr(self.target, "batch_size", 0) or 0)
-        if not limit or plans[0].decode or getattr(self.target, "batch_invariant", False):
+    def _fit_prompt_chunk_beside_decode_rows(self, plans: list["_Plan"]) -> None:
+        """Shorten this pass's prompt chunk to what the backend runs best beside the decode rows
+        (prompt_rows_beside); the rest of the chunk waits for the next step."""
+        if plans[0].decode or len(plans) == 1:
             return
         prompt = plans[0]
-        apart = getattr(self.target, "prefills_apart_chunk", None)
-        if apart is not None and apart(len(prompt.rows.tokens), prompt.rows.num_logits):
-            return  # prefilled in a context of its own (backends/apart_prefill.py): the decode rows get a call anyway
-        excess = sum(len(p.rows.tokens) for p in plans) - limit
-        if excess <= 0 or excess >= len(prompt.rows.tokens):
-            return
-        keep = len(prompt.rows.tokens) - excess
-        prompt.rows = BatchRows(prompt.rows.tokens[:keep], prompt.rows.cache, 0)  # no longer the prompt's last row
-
-    def _verification_slice_rows(self, plans: list["_Plan"]) -> int:
-        """Rows per slice when a lone greedy verification may stop at its first rejection, else 0.
-
-        Exact mode decodes verified rows in slices of `invariant_rows` anyway (the row-invariant kernels), so
-        running those slices one by one gives the same logits, and after a slice whose argmax departs from the
-        draft the later rows can no longer be accepted: a long draft rejected early costs its first slices only.
-        """
-        if len(plans) != 1 or not plans[0].decode or not plans[0].sequence.params.greedy:
-            return 0
-        if not getattr(self.target, "batch_invariant", False):
-            return 0
-        rows = int(getattr(self.target, "invariant_rows", 0) or 0)
-        return rows if 0 < rows < len(plans[0].rows.tokens) else 0
+        rows = prompt.rows
+        others = sum(len(p.rows.tokens) for p in plans[1:])
+        keep = self.target.prompt_rows_beside(len(rows.tokens), rows.num_logits, others)
+        if keep < len(rows.tokens):
+            prompt.rows = BatchRows(rows.tokens[:keep], rows.cache, 0)  # no longer the prompt's last row
 
     def _record_shared_pass(self, rows: int, seconds: float, alpha: float = 0.1) -> None:
         """Keep what a decode-only pass of several sequences costs per row count (a running mean, then an EWMA):
@@ -447,7 +420,7 @@ class BatchEngine:
                 owner[source].begin_request()
         if source not in owner:
             owner[source] = make_policy(self.spec.k_policy, self.spec.num_speculative_tokens,
-                                        getattr(self.target, "pass_costs", None))
+                                        self.target.pass_costs)
         return owner[source]
 
     def _choose_drafts(self, deciders: list[RunningSequence], prefill_rows: int,
@@ -467,7 +440,7 @@ class BatchEngine:
                 self._leave(sequence, "error", clean=False)
                 outputs.append(StepOutput(sequence, [], [], "", "error", exc))
         shared = prefill_rows + len(options) > 1
-        together = [shared and cap > 0 and getattr(policy, "allocatable", False) for _, policy, cap in options]
+        together = [shared and cap > 0 and policy is not None and policy.allocatable for _, policy, cap in options]
         ks: list[int] = [0] * len(options)
         rows, tokens = prefill_rows + sum(together), float(len(options))
         alone = [i for i, joint in enumerate(together) if not joint]
@@ -476,12 +449,10 @@ class BatchEngine:
             if policy is None:
                 rows += 1
                 continue
-            if hasattr(policy, "other_rows"):
-                policy.other_rows = rows + len(alone) - n - 1
-                policy.other_tokens = float(len(options) - 1)
+            policy.set_pass_context(rows + len(alone) - n - 1, float(len(options) - 1))
             ks[i] = min(policy.next_k(), cap)
             rows += 1 + max(ks[i], 0)
-            if hasattr(policy, "expected_tokens") and ks[i] > 0:
+            if ks[i] > 0:
                 tokens += policy.expected_tokens(ks[i]) - 1.0
         joint = [i for i, flag in enumerate(together) if flag]
         if joint:
@@ -506,21 +477,19 @@ class BatchEngine:
         # Sources differ in acceptance and cost (an n-gram copy vs a draft model), so each has its own policy;
         # None means the drafter has nothing to propose: a plain step.
         context = sequence.context
-        source = drafter.next_source(context) if hasattr(drafter, "next_source") else drafter.name
+        source = drafter.next_source(context)
         if source is None:
             return None, 0
         policy = self._policy(sequence, source)
         cap = min(remaining - 1, room - 1)
-        plan = getattr(drafter, "plan", None)
-        if plan is not None and hasattr(policy, "learn_from_plans"):
-            # The drafter's plan is a function of the context, so the tokens that follow score it whatever k is
-            # chosen: the policy learns acceptance from every step and never drafts just to find it out.
+        # A deterministic drafter's plan is a function of the context, so the tokens that follow score it whatever
+        # k is chosen: a policy that learns from plans learns acceptance from every step, never drafting to find out.
+        planned = drafter.plan(context) if policy.can_learn_from_plans else None
+        if planned is not None:
             policy.learn_from_plans()
-            planned = plan(context)
             sequence.plans.add(len(context), planned, policy)
             cap = min(cap, len(planned), policy.max_k)
-        if hasattr(policy, "shared_pass_costs"):
-            policy.shared_pass_costs = self.shared_pass_costs
+        policy.shared_pass_costs = self.shared_pass_costs
         return policy, cap
 
     @staticmethod
@@ -531,11 +500,11 @@ class BatchEngine:
         together: dict[tuple, list] = {}
         for entry in chosen:
             drafter = entry[0].slot.drafter
-            batchable = entry[2] > 0 and hasattr(type(drafter), "propose_batch")
-            if not batchable:
+            batch_key = drafter.batch_key() if entry[2] > 0 else None
+            if batch_key is None:
                 groups.append([entry])
                 continue
-            key = (type(drafter), id(getattr(drafter, "backend", None)))
+            key = (type(drafter), batch_key)
             if key not in together:
                 together[key] = []
                 groups.append(together[key])
@@ -628,29 +597,9 @@ class BatchEngine:
         return StepOutput(sequence, new_tokens, new_from_draft, delta, finish)
 
 
-def verify_rows_in_slices(backend, rows: BatchRows, proposed: Sequence[int], slice_rows: int) -> torch.Tensor:
-    """Greedy verification of one sequence's rows ([last token] + proposed), slice_rows at a time, stopping after
-    the first slice in which the target's argmax departs from the draft. Returns the logits rows computed (all
-    of them when every draft token is accepted); on an error the cache is left as it was before the call."""
-    cache = rows.cache
-    start = cache.length
-    parts: list[torch.Tensor] = []
-    try:
-        for lo in range(0, len(rows.tokens), slice_rows):
-            chunk = list(rows.tokens[lo : lo + slice_rows])
-            logits = forward_batch(backend, [BatchRows(chunk, cache, len(chunk))])[0]
-            parts.append(logits)
-            choices = greedy_tokens(logits).tolist()
-            if any(choice != proposed[lo + i] for i, choice in enumerate(choices) if lo + i < len(proposed)):
-                break
-    except BaseException:
-        cache.trim(cache.length - start)
-        raise
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-
-def default_decoder(backend) -> Callable[[Sequence[int]], str]:
-    tokenizer = getattr(backend, "tokenizer", None)
+def default_decoder(backend: ModelBackend) -> Callable[[Sequence[int]], str]:
+    """Token ids to text by the backend's tokenizer (ids joined by spaces where it has none)."""
+    tokenizer = backend.tokenizer
     if tokenizer is not None:
         return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
     return lambda ids: " ".join(str(i) for i in ids)

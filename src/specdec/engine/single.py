@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters.base import Drafter
 from specdec.core.stats import SpecStats
+from specdec.drafters.base import Drafter
 from specdec.engine.scheduler import BatchEngine
 
 

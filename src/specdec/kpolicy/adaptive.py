@@ -58,6 +58,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Mapping
 
+from specdec.kpolicy.base import KPolicy
 from specdec.kpolicy.calibration import cost_table, interpolate_cost
 
 # Plan-scored acceptance (plan_ledger.py). Evidence arrives at every step, drafted or not, so it can fade slower
@@ -93,7 +94,7 @@ class Ewma:
         self.value += weight * (x - self.value)
 
 
-class AdaptiveK:
+class AdaptiveK(KPolicy):
     """Per-request draft-length policy driven by a measured cost model (see the module docstring).
 
     max_k:         the largest k ever proposed (SpecConfig.num_speculative_tokens).
@@ -149,7 +150,7 @@ class AdaptiveK:
         # pass's tokens per second: a draft row pays only if what it adds beats what the pass already yields
         # per second (load-aware: see verify_cost).
         self.other_rows = 0
-        self.other_tokens = 0.0
+        self.other_tokens = 0.0  # both set per step by set_pass_context
         # What shared passes of each row count really cost on this engine (seconds per pass, kept by the
         # scheduler from its own decode-only passes): the calibration measures one sequence's rows, and several
         # sequences' rows of the same count can cost more (measured: 15 ms a draft row beside 8 sequences where
@@ -192,6 +193,12 @@ class AdaptiveK:
             self._accepted[i] += 1.0
         if num_accepted < num_proposed:
             self._reached[num_accepted] += 1.0  # the first rejection; later positions were never looked at
+
+    can_learn_from_plans = True
+
+    def set_pass_context(self, other_rows: int, other_tokens: float) -> None:
+        """The rows other sequences put in this step's pass, and the tokens they are expected to emit."""
+        self.other_rows, self.other_tokens = other_rows, other_tokens
 
     def learn_from_plans(self) -> None:
         """Take acceptance from observe() (plan_ledger) from now on, with the plan settings (PLAN_*); idempotent."""

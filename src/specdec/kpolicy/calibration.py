@@ -21,6 +21,7 @@ import torch
 
 from specdec.backends.base import embeddable_ids
 from specdec.backends.kvcache import release_retained
+from specdec.host.paths import measurements_dir
 
 DEFAULT_SIZES = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64)
 DEFAULT_CONTEXT = 256
@@ -133,8 +134,6 @@ def machine_ceiling(curve: Mapping[int, float], max_k: int, draft_cost_ratio: fl
 
 
 def _cache_file() -> Path:
-    from specdec.loading.models import measurements_dir
-
     return measurements_dir() / "pass-costs.json"
 
 
@@ -142,8 +141,7 @@ MEASUREMENT_VERSION = "rounds"  # how measure_pass_costs samples: curves cached 
 
 
 def _calibration_key(backend) -> str | None:
-    key_of = getattr(backend, "calibration_key", None)
-    key = key_of() if callable(key_of) else None
+    key = backend.calibration_key()
     return None if key is None else f"{key}|{MEASUREMENT_VERSION}"
 
 

@@ -14,6 +14,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from huggingface_hub import constants, try_to_load_from_cache
+
 CONNECT_TIMEOUT = 3.0  # seconds; a refused or unresolvable host answers at once, a black hole takes this long
 
 
@@ -28,21 +30,15 @@ class HubAccess:
 
 def endpoint() -> str:
     """The hub's address (HF_ENDPOINT is honoured by huggingface_hub)."""
-    from huggingface_hub import constants
-
     return constants.ENDPOINT
 
 
 def offline_mode() -> bool:
     """Whether HF_HUB_OFFLINE is set (transformers then reads the cache only, and so do we)."""
-    from huggingface_hub import constants
-
     return bool(constants.HF_HUB_OFFLINE)
 
 
 def hub_cache() -> str:
-    from huggingface_hub import constants
-
     return constants.HF_HUB_CACHE
 
 
@@ -64,8 +60,6 @@ def unreachable_reason(url: str, timeout: float = CONNECT_TIMEOUT) -> str | None
 
 def is_cached(repo_id: str, revision: str | None) -> bool:
     """Whether the hub cache holds this model's config.json at this revision (the file every load reads first)."""
-    from huggingface_hub import try_to_load_from_cache
-
     return isinstance(try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache(), revision=revision), str)
 
 

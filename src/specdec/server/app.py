@@ -24,8 +24,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.config import SamplingParams
 from specdec.backends.kvcache import ContextOverflowError
+from specdec.config import SamplingParams
 from specdec.server import sse
 from specdec.server.errors import APIError, bad_request, error_body, error_responses, unsupported
 from specdec.server.limits import HostCheckMiddleware, RequestBodyGuard, ServerLimits, queue_full

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import collections
 import dataclasses
+import json
 import logging
 import os
 import random
@@ -39,6 +40,8 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
@@ -46,9 +49,14 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 from starlette.requests import Request
 from starlette.responses import Response
 
+from specdec.cli.flags import model_ref_from_args, spec_from_args
+from specdec.decoder import SpecDecoder
 from specdec.server import ray_affinity, sse
+from specdec.server.app import create_app
 from specdec.server.errors import APIError, error_body
-from specdec.server.limits import host_name
+from specdec.server.limits import host_check_list, host_name
+from specdec.server.options import Scaling, limits_from_args, scaling_from_args, serve_parser, served_names
+from specdec.server.ray_metrics import ReplicaBoard, merged_exposition, summary
 
 log = logging.getLogger("specdec.server.ray")
 
@@ -107,11 +115,7 @@ def serve_namespace(values: Mapping[str, Any]) -> argparse.Namespace:
 
 def replica_app_parts(args: argparse.Namespace):
     """What `specdec serve` builds from its arguments: the model ref, spec, names, limits and Host list."""
-    from specdec.cli.flags import model_ref_from_args, spec_from_args
-    from specdec.server.cli import _limits_from_args, served_names
-    from specdec.server.limits import host_check_list
-
-    limits = _limits_from_args(args)
+    limits = limits_from_args(args)
     allowed_hosts = host_check_list(args.host, args.api_key, args.allowed_hosts)
     ref = dataclasses.replace(model_ref_from_args(args), parallel=args.parallel)
     spec = spec_from_args(args, has_draft_model=ref.draft is not None)
@@ -192,9 +196,6 @@ class SpecdecEngine:
     """One replica of the speculative engine: its own model pair, threads, queue and create_app app."""
 
     async def __init__(self, serve_args: Mapping[str, Any], metrics=None):
-        from specdec.decoder import SpecDecoder
-        from specdec.server.app import create_app
-
         args = serve_namespace(serve_args)
         ref, spec, names, limits, allowed_hosts = replica_app_parts(args)
         logging.basicConfig(level=str(getattr(args, "log_level", "info")).upper(),
@@ -276,8 +277,6 @@ class SpecdecMetrics:
     """The latest metrics report of every live engine replica."""
 
     def __init__(self):
-        from specdec.server.ray_metrics import ReplicaBoard
-
         self.board = ReplicaBoard()
 
     def report(self, replica: str, info: dict, exposition: str) -> None:
@@ -312,8 +311,6 @@ class IngressCounters:
         self.values = {"retried": 0, "failed_streams": 0, "failed_bodies": 0, "unavailable": 0}
 
     def families(self):
-        from prometheus_client.metrics_core import CounterMetricFamily
-
         docs = {
             "retried": "Requests sent again to another replica because theirs failed before sending anything.",
             "failed_streams": "Streams ended with a replica_failed error event: their replica died mid-stream.",
@@ -332,8 +329,6 @@ class SpecdecIngress:
     """Reads each request, picks its affinity key, forwards it to an engine replica and relays the response."""
 
     def __init__(self, engine, metrics, serve_args: Mapping[str, Any]):
-        from specdec.server.limits import host_check_list
-
         args = serve_namespace(serve_args)
         self.engine = engine
         self.metrics = metrics
@@ -468,11 +463,6 @@ class SpecdecIngress:
             stream.cancel()
 
     async def _metrics(self) -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST
-        from prometheus_client.metrics_core import GaugeMetricFamily
-
-        from specdec.server.ray_metrics import merged_exposition
-
         snapshot = await self.metrics.snapshot.remote()
         replicas = {entry["replica"]: entry["exposition"] for entry in snapshot["replicas"]}
         live = GaugeMetricFamily("specdec:ray_replicas", "Engine replicas reporting metrics.")
@@ -481,10 +471,6 @@ class SpecdecIngress:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def _replicas(self) -> Response:
-        import json
-
-        from specdec.server.ray_metrics import summary
-
         snapshot = await self.metrics.snapshot.remote()
         return Response(json.dumps(summary(snapshot, self.counters.values), indent=1), media_type="application/json")
 
@@ -496,15 +482,11 @@ def _asgi(message: tuple) -> dict:
 
 
 def _error(status: int, message: str, code: str) -> Response:
-    import json
-
     return Response(json.dumps(APIError(status, message, code=code).body()), status_code=status,
                     media_type="application/json")
 
 
 async def _send_json(send, status: int, body: dict) -> None:
-    import json
-
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
@@ -512,22 +494,6 @@ async def _send_json(send, status: int, body: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------- building
-
-
-@dataclasses.dataclass(frozen=True)
-class Scaling:
-    """How many engine replicas and what each reserves."""
-
-    replicas: int | None = 1  # fixed count; with autoscaling, the initial count
-    min_replicas: int | None = None  # autoscaling when min or max is given
-    max_replicas: int | None = None
-    target_ongoing_requests: float = 1.0
-    max_ongoing_requests: int = 2
-    replica_cpus: float = 1.0
-
-    @property
-    def autoscaling(self) -> bool:
-        return self.min_replicas is not None or self.max_replicas is not None
 
 
 def engine_options(scaling: Scaling, shutdown_grace: float) -> dict[str, Any]:
@@ -562,13 +528,10 @@ def app_builder(args: Mapping[str, Any]):
     """For Ray's `serve run` / `serve deploy` (import_path: specdec.server.ray_serve:app_builder): `args` are
     `specdec serve` flags without their dashes (`model`, `draft`, `threads`, `exact: true`, `replicas`,
     `min_replicas`, ...), checked by the same parser."""
-    from specdec.cli.main import build_parser
-    from specdec.server.ray_cli import scaling_from_args
-
-    argv = ["serve"]
+    argv = []
     for name, value in dict(args).items():
         if name == "model":
-            argv.insert(1, str(value))
+            argv.insert(0, str(value))
             continue
         flag = "--" + str(name).replace("_", "-")
         if value is True:
@@ -579,7 +542,7 @@ def app_builder(args: Mapping[str, Any]):
             argv += [flag, *map(str, value)]
         else:
             argv += [flag, str(value)]
-    parsed = build_parser().parse_args(argv)
+    parsed = serve_parser().parse_args(argv)
     return build_application(parsed, scaling_from_args(parsed))
 
 

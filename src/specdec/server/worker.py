@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.config import SamplingParams
-from specdec.engine.single import Chunk
 from specdec.core.stats import SpecStats
+from specdec.engine.single import Chunk
 from specdec.server.metrics import ServerMetrics
 
 log = logging.getLogger("specdec.server")

@@ -11,6 +11,14 @@
 `read_run_config` / `write_run_config` read and write the config file generate, serve and bench take (--config).
 """
 
+from specdec.cli.run_config import (
+    RunConfig,
+    argument_defaults,
+    bench_method_name,
+    read_run_config,
+    write_run_config,
+)
+from specdec.core.intervals import SpeedupInterval, paired_ratios, speedup_interval
 from specdec.tune.candidates import (
     DRAFTERS,
     K_POLICIES,
@@ -20,14 +28,6 @@ from specdec.tune.candidates import (
     methods_for,
     parse_drafts,
 )
-from specdec.cli.run_config import (
-    RunConfig,
-    argument_defaults,
-    bench_method_name,
-    read_run_config,
-    write_run_config,
-)
-from specdec.core.intervals import SpeedupInterval, paired_ratios, speedup_interval
 from specdec.tune.ranking import Recommendation, rank
 from specdec.tune.report import to_markdown, tuned_model_ref, write_outputs
 from specdec.tune.run import TuneResult, rows_from_results, tune

@@ -6,8 +6,13 @@ import argparse
 import sys
 from dataclasses import replace
 
+import torch
+
+from specdec.bench.datasets import DEFAULT_TASKS, TASKS, load_prompt_file, load_tasks, parse_tasks
+from specdec.bench.method.methods import parse_k_list
 from specdec.cli.flags import add_model_arguments, model_ref_from_args, runs_on_cuda
 from specdec.config import ConfigError, SamplingParams
+from specdec.loading.models import load_backend, load_pair
 from specdec.tune.candidates import (
     DEFAULT_DRAFTERS,
     DEFAULT_K_POLICIES,
@@ -15,13 +20,15 @@ from specdec.tune.candidates import (
     DRAFTERS,
     K_POLICIES,
     MIN_PAIRED_RUNS,
+    TuneOptions,
+    parse_drafts,
 )
+from specdec.tune.report import above_bound_text, ranked_table, write_outputs
+from specdec.tune.run import tune
 
 
 def register(commands) -> None:
     """Add the `tune` subcommand to the console script's subparsers."""
-    from specdec.bench.datasets import DEFAULT_TASKS, TASKS
-
     p = commands.add_parser(
         "tune",
         help="choose the draft: measure candidate drafts, drafters and k policies on your prompts, write the winner",
@@ -85,9 +92,6 @@ def register(commands) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
-    from specdec.bench.method.methods import parse_k_list
-    from specdec.tune.candidates import TuneOptions
-
     for flag, value in (("--limit", args.limit), ("--repeats", args.repeats), ("--threads", args.threads)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
@@ -100,8 +104,6 @@ def options_from_args(args: argparse.Namespace):
 
 def prompts_from_args(args: argparse.Namespace):
     """The user's prompts (--prompts, first --limit) or the bench tasks' (--tasks, --limit problems each)."""
-    from specdec.bench.datasets import DEFAULT_TASKS, load_prompt_file, load_tasks, parse_tasks
-
     if args.prompts is not None:
         return load_prompt_file(args.prompts)[: args.limit]
     return load_tasks(parse_tasks(args.tasks or ",".join(DEFAULT_TASKS)), args.limit)
@@ -109,19 +111,12 @@ def prompts_from_args(args: argparse.Namespace):
 
 def run_tune_command(args: argparse.Namespace, target=None, log=None) -> int:
     """The `specdec tune` handler; `target` (an already loaded backend) skips loading it."""
-    from specdec.loading.models import load_backend, load_pair
-    from specdec.tune.candidates import parse_drafts
-    from specdec.tune.report import ranked_table, write_outputs
-    from specdec.tune.run import tune
-
     options = options_from_args(args)
     params = SamplingParams(max_tokens=args.max_tokens)
     prompts = prompts_from_args(args)
     ref = replace(model_ref_from_args(args), draft=None)
     drafts = parse_drafts(args.drafts, args.model)
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     if target is None:
         print(f"tune: loading target {ref.target} (backend {ref.backend})", file=sys.stderr, flush=True)
@@ -148,8 +143,6 @@ def run_tune_command(args: argparse.Namespace, target=None, log=None) -> int:
 
 def summary_lines(result, config_path=None) -> list[str]:
     """The recommendation (or "do not speculate here") and the warnings, as printed under the table."""
-    from specdec.tune.report import above_bound_text
-
     rec = result.recommendation
     lines = [f"recommendation: {rec.reason}"]
     if not rec.speculate and config_path:

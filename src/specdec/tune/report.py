@@ -5,12 +5,14 @@ the winner's config (drafter none when the answer is not to speculate)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from specdec.bench.cells import format_cell
-from specdec.bench.method.report import write_results
-from specdec.config import ModelRef
+from specdec.bench.method.render import write_results
 from specdec.cli.run_config import write_run_config
+from specdec.config import ModelRef
+from specdec.tune.plot import plot_acceptance_by_position, plot_speedup_vs_rejection
 from specdec.tune.ranking import never_drafted
 from specdec.tune.run import TuneResult
 
@@ -162,8 +164,6 @@ def to_markdown(result: TuneResult, config_path: str | None = None) -> str:
 
 def tuned_model_ref(base: ModelRef, result: TuneResult) -> ModelRef:
     """The tune run's model settings with the winner's draft (none for model-free drafters or plain)."""
-    from dataclasses import replace
-
     return replace(base, draft=result.recommendation.draft_reference)
 
 
@@ -191,8 +191,6 @@ def write_outputs(result: TuneResult, out_dir: str | Path, base_ref: ModelRef | 
     paths["markdown"].write_text(to_markdown(result, str(paths.get("config")) if "config" in paths else None),
                                  encoding="utf-8")
     if plot:
-        from specdec.tune.plot import plot_acceptance_by_position, plot_speedup_vs_rejection
-
         for key, draw, name in (("plot_speedup", plot_speedup_vs_rejection, "speedup_vs_rejection.png"),
                                 ("plot_positions", plot_acceptance_by_position, "acceptance_by_position.png")):
             drawn = draw(result, out / name)

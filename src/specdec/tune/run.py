@@ -21,10 +21,10 @@ from specdec.bench.datasets import BenchPrompt
 from specdec.bench.method.methods import MethodOptions, expand_method
 from specdec.bench.method.runner import BenchConfig, run_bench
 from specdec.config import SamplingParams
-from specdec.loading.models import ModelLoadError, VocabMismatchError, check_vocab_compatible
-from specdec.decoder import SpecDecoder
-from specdec.tune.candidates import MIN_PAIRED_RUNS, MODEL_DRAFTERS, DraftCandidate, TuneOptions, methods_for
 from specdec.core.intervals import paired_ratios, speedup_interval
+from specdec.decoder import SpecDecoder
+from specdec.loading.models import ModelLoadError, VocabMismatchError, check_vocab_compatible
+from specdec.tune.candidates import MIN_PAIRED_RUNS, MODEL_DRAFTERS, DraftCandidate, TuneOptions, methods_for
 from specdec.tune.ranking import Recommendation, rank
 
 # One bench run builds an engine, with its own KV cache, per configuration; a llama.cpp context holds 16

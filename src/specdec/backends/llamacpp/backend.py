@@ -71,7 +71,18 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from specdec.backends.base import BatchRows, ModelBackend, check_batch, forward_greedy_in_slices, forward_rows
 from specdec.backends.kvcache import ContextOverflowError
+from specdec.backends.llamacpp.apart_prefill import ApartPrefill, fill_batch
+from specdec.backends.llamacpp.probe import (
+    LibraryProbeError,
+    amx_invariant_rows,
+    amx_rows_agree,
+    check_library_runs,
+    fingerprint,
+    library_file,
+)
+from specdec.host.hugepages import NewRegions, malloc_uses_huge_pages
 from specdec.host.native_build import (
     cmake_args,
     compiler_family,
@@ -80,9 +91,6 @@ from specdec.host.native_build import (
     library_mismatch,
     rebuild_command,
 )
-from specdec.backends.llamacpp.apart_prefill import ApartPrefill, fill_batch
-from specdec.backends.base import BatchRows, check_batch, forward_rows
-from specdec.host.hugepages import NewRegions, malloc_uses_huge_pages
 
 # The tiled K-quant matmul engages at 8 rows (ggml-cpu/tiled/tiled.cpp: ggml_tiled_min_batch).
 INVARIANT_ROWS = 7
@@ -115,14 +123,12 @@ def llama_cpp_module():
     """Import llama_cpp once, initialise the backend and route its logging; LlamaCppUnavailable otherwise."""
     global _initialised, _log_callback
     if not _initialised:
-        from specdec.backends.llamacpp.probe import LibraryProbeError, check_library_runs
-
         try:
             check_library_runs()  # a library built for another CPU would kill this process on import
         except LibraryProbeError as exc:
             raise LlamaCppUnavailable(str(exc)) from exc
     try:
-        import llama_cpp
+        import llama_cpp  # the llamacpp extra, imported only once the probe says this CPU runs it
     except (ImportError, OSError, RuntimeError) as exc:  # a missing or broken libllama raises OSError/RuntimeError
         raise LlamaCppUnavailable(f"the llama.cpp backend needs llama-cpp-python ({exc}); {_INSTALL_HINT}") from exc
     with _lock:
@@ -212,7 +218,7 @@ class LlamaCppSequence:
         return n
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(ModelBackend):
     """A GGUF model on llama.cpp behind ModelBackend (see the module docstring for batch invariance).
 
     parallel: sequences that may decode at once, each up to max_context tokens (a server's slots).
@@ -265,8 +271,6 @@ class LlamaCppBackend:
             # rows invariant for at least as long a slice as the stored weights give (unprobed: off).
             extra_buffers = check_amx or not (self.batch_invariant and amx_library)
             if extra_buffers and amx_library and check_amx:
-                from specdec.backends.llamacpp.probe import amx_invariant_rows, amx_rows_agree
-
                 self.amx_check = amx_rows_agree(self.gguf_path, self.threads)
                 if self.amx_check["ok"] is None:
                     extra_buffers = False  # the file did not load in the child: the load below says why
@@ -364,7 +368,6 @@ class LlamaCppBackend:
         # seconds) and calibration.cached_pass_costs keeps it per machine, model, library, threads and mode.
         self.pass_costs: dict[int, float] | None = None
         self.calibrate_on_first_use = True
-        self.calibration_options = {"repeats": 3, "warmup": 1}
         self.forward_calls = 0
         self.forward_seconds = 0.0
         self.forward_records: list[tuple[int, float]] | None = None  # (tokens, seconds) per call while a probe asks
@@ -384,7 +387,7 @@ class LlamaCppBackend:
                 _free_native(llama_cpp, self._batch, ctx, model)
                 raise
         self.apart_prefill_rows = APART_PREFILL_ROWS if self._apart is not None else 0
-        self.prefills_apart = 0  # prompt chunks prefilled in that context
+        self.chunks_prefilled_apart = 0  # prompt chunks prefilled in that context
         self._closer = weakref.finalize(self, _free_native, llama_cpp, self._batch, ctx, model, self._apart)
 
     # -- caches -------------------------------------------------------------------------------------------
@@ -464,11 +467,17 @@ class LlamaCppBackend:
         (kv_unified off: exact mode with parallel > 1).
         """
         entries = list(batch)
+        if len(entries) == 1 and entries[0].greedy_draft is not None and self.batch_invariant \
+                and 0 < self.invariant_rows < len(entries[0].tokens):
+            # Exact mode decodes verified rows in slices of invariant_rows anyway, so running them one by one
+            # gives the same logits, and after a slice whose argmax departs from the draft the later rows can
+            # no longer be accepted: a long draft rejected early costs its first slices only.
+            return [forward_greedy_in_slices(self, entries[0], self.invariant_rows)]
         wanted = check_batch(entries, self.name,
                              lambda cache: isinstance(cache, LlamaCppSequence) and cache._backend is self)
         if not entries:
             return []
-        apart = [i for i, (rows, w) in enumerate(zip(entries, wanted)) if self.prefills_apart_chunk(len(rows.tokens), w)]
+        apart = [i for i, (rows, w) in enumerate(zip(entries, wanted)) if self.prefills_apart(len(rows.tokens), w)]
         here = [i for i in range(len(entries)) if i not in apart]
         if self.parked_cells and all(wanted[i] == len(entries[i].tokens) for i in here):
             self.release_parked()  # no prompt is being written here: decode rows fill the freed cells
@@ -484,7 +493,7 @@ class LlamaCppBackend:
                 logits = self._apart.prefill(self._ctx, entry.cache.seq_id, starts[i], entry.tokens, wanted[i],
                                              self.release_parked)
                 apart_calls += self._apart.calls
-                self.prefills_apart += 1
+                self.chunks_prefilled_apart += 1
                 entry.cache.length = starts[i] + len(entry.tokens)
                 if wanted[i]:
                     outputs[i].append(logits)
@@ -520,10 +529,25 @@ class LlamaCppBackend:
         self._count_pass(sum(len(rows.tokens) for rows in entries), len(entries), len(calls) + apart_calls, began)
         return results
 
-    def prefills_apart_chunk(self, rows: int, num_logits: int) -> bool:
+    def prefills_apart(self, rows: int, num_logits: int) -> bool:
         """Whether forward_batch prefills an entry of `rows` tokens wanting `num_logits` logits in the context of
         its own (apart_prefill.py): a prompt chunk (at most its last row's logits) of apart_prefill_rows or more."""
         return bool(self.apart_prefill_rows) and num_logits <= 1 and rows >= self.apart_prefill_rows
+
+    def prompt_rows_beside(self, prompt_rows: int, num_logits: int, other_rows: int) -> int:
+        """Fast mode: as many of a prompt chunk's rows as fill one call of batch_size rows with the decode rows
+        beside it. A full chunk plus decode rows is two llama_decode calls, and the second, of a few rows, reads
+        every weight again (~70-130 ms at 2 threads on the AMX Xeon). Exact mode keeps whole chunks: a prompt's
+        keys and values are exact only when it is cut the same way as alone; a chunk prefilled apart gets a call
+        of its own anyway."""
+        if self.batch_invariant or self.prefills_apart(prompt_rows, num_logits):
+            return prompt_rows
+        excess = prompt_rows + other_rows - self.batch_size
+        return prompt_rows - excess if 0 < excess < prompt_rows else prompt_rows
+
+    def calibration_options(self) -> dict:
+        """calibration.measure_pass_costs on llama.cpp: one warm-up pass, then three timed repeats per size."""
+        return {"repeats": 3, "warmup": 1}
 
     def _batch_calls(self, lengths: Sequence[int], wanted: Sequence[int]) -> list[list[tuple[int, int, int]]]:
         """The llama_decode calls of a flat batch: each a list of (entry, lo, hi) row ranges, in decoding order.
@@ -635,8 +659,6 @@ class LlamaCppBackend:
 
     def calibration_key(self) -> str:
         """What a measured pass-cost curve depends on: this CPU, the library, the model file, kernels, mode, threads."""
-        from specdec.backends.llamacpp.probe import fingerprint, library_file
-
         library = library_file()
         # Not how much memory was collapsed onto huge pages: that varies from load to load (the first load of a
         # process collapses, a second of the same file often finds nothing left to do), and the policies scale the

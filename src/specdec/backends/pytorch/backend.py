@@ -9,8 +9,8 @@ from typing import Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from specdec.backends.base import BatchRows, ModelBackend, check_batch, forward_each, forward_rows
 from specdec.backends.kvcache import PreallocatedKV
-from specdec.backends.base import BatchRows, check_batch, forward_each, forward_rows
 from specdec.backends.pytorch.batched_cache import BatchedView
 from specdec.backends.pytorch.static_decoder import DEFAULT_BUCKETS, StaticDecoder, static_support
 
@@ -71,7 +71,7 @@ class PointerCache(Cache):
         return dropped
 
 
-class TransformersBackend:
+class TransformersBackend(ModelBackend):
     """Wraps a loaded transformers causal LM (already in its weight format) behind ModelBackend.
 
     static: run the static decoder (backends/static_decoder.py: fixed KV buffers, row buckets, CUDA

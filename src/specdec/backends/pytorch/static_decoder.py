@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 import time
+import types
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -433,8 +434,6 @@ def _attention_output_and_mlp(x, attn, out_weight, norm, gate_up_weight, down_we
 def _compiled(function):
     """torch.compile of a private copy of `function`: TorchDynamo keeps its compiled variants per code object,
     so each decoder gets its own (a 7B target and a 0.5B draft never share, or widen, one cache entry)."""
-    import types
-
     copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
                               function.__defaults__, function.__closure__)
     return torch.compile(copy, fullgraph=True)

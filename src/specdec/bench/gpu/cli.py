@@ -5,15 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.config import ConfigError
+import torch
+
+from specdec.backends.pytorch.backend import TransformersBackend
+from specdec.bench.datasets import select_prompts
+from specdec.bench.gpu.dummy import SHAPES, build_dummy_model, dummy_prompts, successor_table
+from specdec.bench.gpu.report import to_markdown, write
 from specdec.bench.gpu.run import DEFAULT_GPU_METHODS, GPU_METHODS, GpuBench, GpuBenchConfig
+from specdec.cli.flags import model_ref_from_args
+from specdec.config import ConfigError
+from specdec.decoder import SpecDecoder
+from specdec.loading.models import torch_device, uses_cuda
 
 LOAD_FORMATS = ("auto", "dummy")
 
 
 def add_gpu_arguments(bench: argparse.ArgumentParser) -> None:
-    from specdec.bench.gpu.dummy import SHAPES
-
     group = bench.add_argument_group("GPU bench (with --device cuda or --load-format dummy)")
     group.add_argument(
         "--load-format", choices=LOAD_FORMATS, default="auto",
@@ -44,8 +51,6 @@ def add_gpu_arguments(bench: argparse.ArgumentParser) -> None:
 
 def wants_gpu_bench(args: argparse.Namespace) -> bool:
     """The GPU bench for dummy weights, --device cuda, or --device auto on a machine with CUDA (torch backend)."""
-    from specdec.loading.models import uses_cuda
-
     device = str(getattr(args, "device", "auto"))
     if args.load_format == "dummy" or device.startswith("cuda"):
         return True
@@ -61,12 +66,6 @@ def parse_gpu_methods(text: str) -> list[str]:
 
 
 def run_gpu_bench_command(args: argparse.Namespace) -> int:
-    import torch
-
-    from specdec.backends.pytorch.backend import TransformersBackend
-    from specdec.loading.models import torch_device
-    from specdec.bench.gpu.report import to_markdown, write
-
     methods = parse_gpu_methods(args.gpu_methods)
     if args.prompt_tokens < 8 or args.num_prompts < 1:
         raise ConfigError("--prompt-tokens must be >= 8 and --num-prompts >= 1")
@@ -77,8 +76,6 @@ def run_gpu_bench_command(args: argparse.Namespace) -> int:
     config = GpuBenchConfig(methods=methods, max_tokens=args.max_tokens, k_max=args.lookup_k_max,
                             draft_k_max=args.draft_k_max, time_budget=args.time_budget)
     if args.load_format == "dummy":
-        from specdec.bench.gpu.dummy import build_dummy_model, dummy_prompts, successor_table
-
         dtype = torch.float32 if args.fp32 else torch.bfloat16
         context = args.prompt_tokens + args.max_tokens + 64
         successor = successor_table()
@@ -96,10 +93,6 @@ def run_gpu_bench_command(args: argparse.Namespace) -> int:
                         "load_format": "dummy", "dtype": str(dtype).replace("torch.", ""),
                         "prompt_tokens": args.prompt_tokens, "prompts": len(prompts)}
     else:
-        from specdec.cli.flags import model_ref_from_args
-        from specdec.decoder import SpecDecoder
-        from specdec.bench.datasets import select_prompts
-
         ref = model_ref_from_args(args)
         decoder = SpecDecoder.load(ref)
         target, draft = decoder.target, decoder.draft

@@ -24,13 +24,16 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+import transformers
+from torch.profiler import ProfilerActivity, profile
 
-from specdec.kpolicy.calibration import fitting_context, measure_pass_costs
+from specdec.bench.gpu.dummy import weight_bytes
+from specdec.bench.method.hf_peer import hf_generate
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, Drafter
 from specdec.engine.single import SpeculativeEngine
-from specdec.bench.gpu.dummy import weight_bytes
+from specdec.kpolicy.calibration import fitting_context, measure_pass_costs
 
 GPU_METHODS = ("plain", "replay_k8", "lookup_adaptive", "draft_k4", "draft_adaptive", "hf_eager", "hf_static",
                "hf_assisted_k4", "hf_prompt_lookup")
@@ -40,7 +43,7 @@ CURVE_SIZES = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64)
 WARMUP_TOKENS = 16
 
 
-class ReplayDrafter:
+class ReplayDrafter(Drafter):
     """Proposes the next k tokens of a recorded output for the same prompt (the ceiling of any drafter)."""
 
     name = "replay"
@@ -96,8 +99,6 @@ def copy_bandwidth(device: torch.device, megabytes: int = 1024, repeats: int = 1
 
 
 def environment(device: torch.device) -> dict:
-    import transformers
-
     env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
            "device": str(device), "platform": platform.platform()}
     if device.type == "cuda":
@@ -153,8 +154,6 @@ class GpuBench:
         self.target.synchronize()
         began = time.perf_counter()
         if method.startswith("hf_"):
-            from specdec.bench.method.hf_peer import hf_generate
-
             mode = {"hf_eager": "plain", "hf_static": "plain", "hf_assisted_k4": "assisted",
                     "hf_prompt_lookup": "prompt_lookup"}[method]
             run = hf_generate(
@@ -282,8 +281,6 @@ class GpuBench:
 
 def kernel_profile(backend, cache, rows: int = 1) -> dict:
     """Kernels one eager static pass of `rows` rows launches and their summed device time (what a graph replays)."""
-    from torch.profiler import ProfilerActivity, profile
-
     try:
         with torch.inference_mode():
             backend.decoder._compute(cache, rows, 0)  # warm

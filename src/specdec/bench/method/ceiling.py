@@ -17,10 +17,10 @@ method found (reached / copy bound).
 
 from __future__ import annotations
 
-from specdec.kpolicy.calibration import machine_ceiling
-from specdec.config import COPYING_DRAFTERS, SpecConfig
 from specdec.bench.method.copy_bound import combined_speedup, copy_bound
 from specdec.bench.method.methods import EXACT_BASELINE
+from specdec.config import COPYING_DRAFTERS, SpecConfig
+from specdec.kpolicy.calibration import machine_ceiling
 
 
 class _CopyBounds:

@@ -14,15 +14,13 @@ refused (as they are when the bench's own target already runs the exact kernels,
 
 from __future__ import annotations
 
+from specdec.backends.llamacpp.backend import LlamaCppBackend, batch_invariance_problems
 from specdec.config import ConfigError
+from specdec.decoder import SpecDecoder
 
 
 def exact_missing_reason(target) -> str | None:
     """Why the exact_ methods cannot run beside this target (None: they can)."""
-    try:
-        from specdec.backends.llamacpp.backend import LlamaCppBackend, batch_invariance_problems
-    except ImportError as exc:  # pragma: no cover - the module itself imports only numpy and torch
-        return f"the llama.cpp backend is not available ({exc})"
     if not isinstance(target, LlamaCppBackend):
         return ("the exact_ methods compare llama.cpp's exact kernels (--exact) with its default fast ones; "
                 "the torch backend has one set of kernels (its plain and speculative methods are already "
@@ -41,9 +39,6 @@ def load_exact_decoder(decoder):
 
     ConfigError when the exact_ methods cannot run beside this decoder (see exact_missing_reason).
     """
-    from specdec.backends.llamacpp.backend import LlamaCppBackend
-    from specdec.decoder import SpecDecoder
-
     target = decoder.target
     reason = exact_missing_reason(target)
     if reason:

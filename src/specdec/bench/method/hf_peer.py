@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from transformers import GenerationConfig
+from transformers.utils import logging as hf_logging
 
 from specdec.config import SamplingParams
 from specdec.core.stats import SpecStats
@@ -31,8 +33,6 @@ class HFRun:
 
 def _clean_generation_config(**fields):
     """A GenerationConfig holding only what we set: nothing (repetition penalty, top-k...) leaks from the model's."""
-    from transformers import GenerationConfig
-
     return GenerationConfig(**{k: v for k, v in fields.items() if v is not None})
 
 
@@ -52,8 +52,6 @@ def _swapped_generation_config(model, config):
 
 @contextlib.contextmanager
 def _quiet_transformers():
-    from transformers.utils import logging as hf_logging
-
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:

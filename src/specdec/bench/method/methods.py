@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, replace
 
 from specdec.config import ConfigError, SpecConfig, adaptive_max_k
+from specdec.drafters import available_drafters
 
 DEFAULT_METHODS = (
     "plain", "spec", "adaptive", "heuristic", "prompt_lookup", "prompt_lookup_adaptive", "hybrid", "hybrid_adaptive",
@@ -250,8 +251,6 @@ def unavailable_reason(
         except ImportError as exc:
             return f"{method.requires} is not available ({exc})"
         if method.spec is not None and method.spec.drafter not in ("none", "draft_model"):
-            from specdec.drafters import available_drafters
-
             if method.spec.drafter not in available_drafters():
                 return f"drafter {method.spec.drafter!r} is not registered"
     if method.needs_draft_model and not has_draft_model:

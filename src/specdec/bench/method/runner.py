@@ -9,105 +9,43 @@ draft model), so ours and transformers' generate are timed the same way: the tar
 forwards give the cost of one plain step, the draft's 1-2 token forwards the cost of one draft step, and
 their ratio is the cost ratio c of the Leviathan model. The backends' own counters are recorded as well.
 
-The exact_ methods run on a second llama.cpp target with the exact kernels (bench/exact.py), loaded when
+The exact_ methods run on a second llama.cpp target with the exact kernels (bench/method/exact.py), loaded when
 the runner is made and freed by close(); each of them is compared with exact_plain, the others with plain.
 """
 
 from __future__ import annotations
 
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from specdec.config import SamplingParams
 from specdec.backends.kvcache import common_prefix_length, release_retained
-from specdec.core.stats import SpecStats
-from specdec.host.native_build import cpu_model
 from specdec.bench.datasets import BenchPrompt
+from specdec.bench.llamacpp_peer import PeerConfig, PeerPool, binaries_dir, gguf_files, missing_reason
+from specdec.bench.method.aggregate import summarise
+from specdec.bench.method.environment import environment, torch_threads
+from specdec.bench.method.exact import close_exact_decoder, load_exact_decoder
+from specdec.bench.method.hf_peer import hf_generate
 from specdec.bench.method.methods import BASELINES, EXACT_BASELINE, EXACT_PREFIX, Method
+from specdec.bench.method.probes import (
+    call_counters,
+    counters_delta,
+    curve_ms,
+    fast_kernels,
+    make_probe,
+    summarise_forwards,
+)
+from specdec.bench.method.records import raw_stats
+from specdec.config import SamplingParams
+from specdec.core.stats import SpecStats
 
 # Draft forwards of at most this many tokens are decode steps (the catch-up of 1-2 tokens, then 1 each);
 # longer ones are the draft's prompt prefill and are left out of the cost ratio.
 DRAFT_DECODE_MAX_TOKENS = 2
+
+
 WARMUP_PROMPT_TOKENS = 48
-
-
-class ForwardProbe:
-    """Times every forward of one nn.Module with hooks, recording (input tokens, seconds)."""
-
-    def __init__(self, module):
-        self.module = module
-        self.records: list[tuple[int, float]] = []
-        self._open: list[tuple[int, float]] = []
-        self._handles = [
-            module.register_forward_pre_hook(self._before, with_kwargs=True),
-            module.register_forward_hook(self._after, with_kwargs=True),
-        ]
-
-    def _before(self, module, args, kwargs):
-        ids = kwargs.get("input_ids")
-        if ids is None and args:
-            ids = args[0]
-        if ids is None and kwargs.get("inputs_embeds") is not None:
-            n = int(kwargs["inputs_embeds"].shape[-2])
-        else:
-            n = int(ids.shape[-1]) if ids is not None else 0
-        self._open.append((n, time.perf_counter()))
-
-    def _after(self, module, args, kwargs, output):
-        if self._open:
-            n, began = self._open.pop()
-            self.records.append((n, time.perf_counter() - began))
-
-    def take(self) -> list[tuple[int, float]]:
-        records, self.records = self.records, []
-        return records
-
-    def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-
-class BackendProbe:
-    """The same records as ForwardProbe, from a backend that logs its own forwards (llama.cpp has no nn.Module)."""
-
-    def __init__(self, backend):
-        self.backend = backend
-        backend.forward_records = []
-
-    def take(self) -> list[tuple[int, float]]:
-        records, self.backend.forward_records = self.backend.forward_records, []
-        return records
-
-    def close(self) -> None:
-        self.backend.forward_records = None
-
-
-def make_probe(backend):
-    """A forward probe for a backend: hooks on its nn.Module, else its own log; None if it has neither."""
-    if backend is None:
-        return None
-    model = getattr(backend, "model", None)
-    if model is not None:
-        return ForwardProbe(model)
-    if hasattr(backend, "forward_records"):
-        return BackendProbe(backend)
-    return None
-
-
-def _summarise_forwards(records: list[tuple[int, float]], short_max: int) -> dict:
-    short = [s for n, s in records if n <= short_max]
-    return {
-        "calls": len(records),
-        "seconds": round(sum(s for _, s in records), 6),
-        "tokens": sum(n for n, _ in records),
-        "short_calls": len(short),  # single-token forwards for the target, <= 2 tokens for the draft
-        "short_seconds": round(sum(short), 6),
-    }
 
 
 @dataclass
@@ -157,8 +95,6 @@ class BenchRunner:
         self.peers = None
         try:
             if any(m.exact for m in config.methods):
-                from specdec.bench.method.exact import load_exact_decoder
-
                 began = time.perf_counter()
                 self.exact = load_exact_decoder(decoder)
                 self.exact_probe = make_probe(self.exact.target)
@@ -176,8 +112,6 @@ class BenchRunner:
                 probe.close()
         self.exact_probe = None
         if self.exact is not None:
-            from specdec.bench.method.exact import close_exact_decoder
-
             close_exact_decoder(self.exact)
             self.exact = None
         if self.peers is not None:
@@ -204,11 +138,8 @@ class BenchRunner:
             seconds = time.perf_counter() - began
             return _Outcome(generation.tokens, seconds, generation.finish_reason, generation.stats)
         if method.kind == "llamacpp":
-            from specdec.bench.llamacpp_peer import PeerConfig
-
             run = self.peers.run(PeerConfig(method.llamacpp_mode, method.llamacpp_draft_max), prompt_ids, params)
             return _Outcome(run.tokens, run.seconds, run.finish_reason, run.stats, run.settings)
-        from specdec.bench.method.hf_peer import hf_generate
 
         run = hf_generate(
             self.target_model, prompt_ids, params, self.decoder.target.eos_token_ids, mode=method.hf_mode,
@@ -225,11 +156,11 @@ class BenchRunner:
                 probe.take()
         target_probe = self.exact_probe if method.exact else self.target_probe
         target, draft = self.decoder_for(method).target, self.decoder.draft
-        counters0 = _counters(target), _counters(draft)
+        counters0 = call_counters(target), call_counters(draft)
         outcome = self.run_method(method, prompt_ids, params)
-        counters1 = _counters(target), _counters(draft)
-        target_fwd = _summarise_forwards(target_probe.take() if target_probe else [], 1)
-        draft_fwd = _summarise_forwards(
+        counters1 = call_counters(target), call_counters(draft)
+        target_fwd = summarise_forwards(target_probe.take() if target_probe else [], 1)
+        draft_fwd = summarise_forwards(
             self.draft_probe.take() if self.draft_probe else [], DRAFT_DECODE_MAX_TOKENS
         )
         stats = outcome.stats
@@ -245,12 +176,12 @@ class BenchRunner:
             "seconds": round(outcome.seconds, 6),
             "tokens_per_second": round(len(outcome.tokens) / outcome.seconds, 4) if outcome.seconds > 0 else 0.0,
             "finish_reason": outcome.finish_reason,
-            "stats": _raw_stats(stats),
+            "stats": raw_stats(stats),
             "target_forwards": target_fwd,
             "draft_forwards": draft_fwd,
             "backend_counters": {
-                "target": _delta(counters0[0], counters1[0]),
-                "draft": _delta(counters0[1], counters1[1]),
+                "target": counters_delta(counters0[0], counters1[0]),
+                "draft": counters_delta(counters0[1], counters1[1]),
             },
         }
         if outcome.settings:
@@ -402,19 +333,13 @@ class BenchRunner:
             # report prints them and the ceiling a perfect drafter would reach on them.
             "pass_costs_ms": {
                 mode: curve for mode, decoder in (("default", self.decoder), ("exact", self.exact))
-                if decoder is not None and (curve := _curve_ms(decoder.target))
+                if decoder is not None and (curve := curve_ms(decoder.target))
             },
             "skipped_prompts": skipped_prompts,
             "runs": runs,
             "outputs": outputs,
             "wall_seconds": round(time.time() - started, 3),
         }
-
-
-def _curve_ms(backend) -> dict[str, float] | None:
-    """A backend's measured pass-cost curve in ms by row count (None when nothing calibrated it)."""
-    curve = getattr(backend, "pass_costs", None)
-    return {str(rows): round(seconds * 1000, 3) for rows, seconds in sorted(curve.items())} if curve else None
 
 
 def _mark_identical(batch: list[dict], tokens: dict[str, list[int]], greedy: bool) -> None:
@@ -468,51 +393,6 @@ def _progress_line(done: int, total: int, prompt: BenchPrompt, batch: list[dict]
     return f"[{done}/{total}] {prompt.task}/{prompt.id}  tok/s: {rates}{flag}"
 
 
-def fast_kernels(target) -> bool:
-    """Whether the target runs llama.cpp's default fast kernels (batch-dependent: greedy output of our
-    speculative methods may part from plain decoding at near-ties) rather than exact ones."""
-    if getattr(target, "model", None) is not None:
-        return False  # torch: one set of kernels
-    return getattr(target, "batch_invariant", None) is False
-
-
-def _raw_stats(stats: SpecStats) -> dict:
-    return {
-        "num_drafts": stats.num_drafts,
-        "num_draft_tokens": stats.num_draft_tokens,
-        "num_accepted_tokens": stats.num_accepted_tokens,
-        "num_accepted_tokens_per_pos": list(stats.num_accepted_tokens_per_pos),
-        "num_drafts_per_pos": list(stats.num_drafts_per_pos),
-        "num_target_forwards": stats.num_target_forwards,
-        "num_generated_tokens": stats.num_generated_tokens,
-        "num_prompt_tokens": stats.num_prompt_tokens,
-        # Prompt tokens a prefix cache kept from the previous request (not prefilled); 0 without one.
-        "num_cached_prompt_tokens": int(getattr(stats, "num_cached_prompt_tokens", 0) or 0),
-        "draft_seconds": round(stats.draft_seconds, 6),
-        "target_seconds": round(stats.target_seconds, 6),
-        "prefill_seconds": round(stats.prefill_seconds, 6),
-        "total_seconds": round(stats.total_seconds, 6),
-    }
-
-
-def stats_from_raw(raw: dict) -> SpecStats:
-    stats = SpecStats()
-    for key, value in raw.items():
-        if hasattr(stats, key):
-            setattr(stats, key, list(value) if isinstance(value, list) else value)
-    return stats
-
-
-def _counters(backend) -> tuple[int, float]:
-    if backend is None:
-        return 0, 0.0
-    return int(getattr(backend, "forward_calls", 0)), float(getattr(backend, "forward_seconds", 0.0))
-
-
-def _delta(before: tuple[int, float], after: tuple[int, float]) -> dict:
-    return {"calls": after[0] - before[0], "seconds": round(after[1] - before[1], 6)}
-
-
 def _has_chat_template(decoder) -> bool:
     return bool(getattr(decoder.tokenizer, "chat_template", None))
 
@@ -524,73 +404,20 @@ def _decode(decoder, tokens: list[int]) -> str:
     return tokenizer.decode(tokens, skip_special_tokens=True)
 
 
-def environment(decoder, weight_format: str | None = None) -> dict:
-    """Versions and hardware, so results from different machines are never compared blindly."""
-    import torch
-    import transformers
-
-    from specdec.version import __version__
-
-    def describe(backend):
-        if backend is None:
-            return None
-        if hasattr(backend, "describe"):
-            return backend.describe()
-        model = getattr(backend, "model", None)
-        out = {"name": getattr(backend, "name", "?"), "max_context": getattr(backend, "max_context", None),
-               "class": type(model).__name__ if model is not None else type(backend).__name__, "backend": "torch"}
-        config = getattr(model, "config", None)
-        if config is not None:
-            # From the config: packed/quantized linears hold their weights outside nn.Parameters.
-            text = config.get_text_config() if hasattr(config, "get_text_config") else config
-            for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size"):
-                out[key] = getattr(text, key, None)
-        return out
-
-    return {
-        "specdec": __version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor() or None,
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "transformers": transformers.__version__,
-        "quantized_engine": torch.backends.quantized.engine,
-        "cuda": torch.cuda.is_available(),
-        "weight_format": weight_format,
-        "target": describe(decoder.target),
-        "draft": describe(decoder.draft),
-    }
-
-
 def llamacpp_peers(decoder, bin_dir: str | None, ggufs: tuple | None = None, threads: int | None = None):
     """The llama-server pool for this pair's GGUF files, on `threads` (default: our target's) and its
     context."""
-    from specdec.bench.llamacpp_peer import PeerPool, binaries_dir, gguf_files, missing_reason
-
     folder = binaries_dir(bin_dir)
     target_gguf, draft_gguf = ggufs or gguf_files(decoder)
     reason = missing_reason(folder, target_gguf)
     if reason:
         raise ValueError(f"llama.cpp peers cannot run: {reason}")
-    threads = threads or getattr(decoder.target, "threads", None) or _torch_threads()
+    threads = threads or getattr(decoder.target, "threads", None) or torch_threads()
     return PeerPool(folder, target_gguf, draft_gguf, threads, decoder.target.max_context)
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def run_bench(decoder, prompts: Sequence[BenchPrompt], config: BenchConfig, log=None) -> dict:
     """Run the benchmark and return results with their summary (see report.summarise)."""
-    from specdec.bench.method.report import summarise
-
     runner = BenchRunner(decoder, config, log)
     try:
         results = runner.run(prompts)
@@ -598,8 +425,3 @@ def run_bench(decoder, prompts: Sequence[BenchPrompt], config: BenchConfig, log=
         runner.close()
     results["summary"] = summarise(results)
     return results
-
-
-__all__ = [
-    "BenchConfig", "BenchRunner", "ForwardProbe", "environment", "fast_kernels", "run_bench", "stats_from_raw",
-]

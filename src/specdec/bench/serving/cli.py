@@ -6,14 +6,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from specdec.config import ConfigError
+from specdec.bench.datasets import DatasetError, select_prompts
+from specdec.bench.llamacpp_peer import binaries_dir
+from specdec.bench.serving.client import cpu_count
+from specdec.bench.serving.report import to_markdown, write_serving_results
 from specdec.bench.serving.run import (
     DEFAULT_CONCURRENCY,
     LLAMACPP_SYSTEMS,
     SYSTEMS,
+    ServeOptions,
     parse_concurrency,
     parse_systems,
+    run_serving_bench,
 )
+from specdec.cli.flags import parse_thread_list
+from specdec.config import ConfigError
+from specdec.loading.models import ModelLoadError, resolve
 
 
 def add_serving_arguments(bench: argparse.ArgumentParser) -> None:
@@ -77,8 +85,6 @@ def our_model_args(args: argparse.Namespace) -> list[str]:
 
 def target_gguf(model: str) -> Path | None:
     """The target's GGUF file for llama-server (the packaged default's, assembled once), else None."""
-    from specdec.loading.models import ModelLoadError, resolve
-
     try:
         resolved = resolve("default-target" if model == "default" else model)
     except (ModelLoadError, OSError):
@@ -87,19 +93,12 @@ def target_gguf(model: str) -> Path | None:
 
 
 def run_serving_command(args: argparse.Namespace) -> int:
-    from specdec.bench.cli import parse_thread_list
-    from specdec.bench.datasets import DatasetError, select_prompts
-    from specdec.bench.llamacpp_peer import binaries_dir
-    from specdec.bench.serving.run import ServeOptions, run_serving_bench
-    from specdec.bench.serving.client import cpu_count
-    from specdec.bench.serving.report import to_markdown, write_serving_results
-
     check_serving_args(args)
     counts = parse_thread_list(args.threads)
     if len(counts) > 1:
         raise ConfigError("--serve takes one --threads count (every server gets the same)")
     try:
-        import httpx  # noqa: F401
+        import httpx  # noqa: F401  (the bench extra: checked before any server starts)
     except ImportError as exc:
         raise ConfigError("the serving bench needs httpx: pip install 'specdec[bench]'") from exc
     try:

@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import psutil
+
 from specdec.bench.datasets import BenchPrompt
 
 WARMUP_TEXT = "Say hello in one short sentence."  # not a benchmark prompt: nothing of it is reused
@@ -151,7 +153,7 @@ async def stream_one(client, url: str, body: dict, record: RequestRecord, timeou
 
 async def _closed_loop(url: str, prompts: Sequence[BenchPrompt], concurrency: int, max_tokens: int,
                        timeout: float, extra: dict | None) -> tuple[list[RequestRecord], float]:
-    import httpx
+    import httpx  # the bench extra (the serving CLI checked it is installed)
 
     queue: asyncio.Queue = asyncio.Queue()
     for index, prompt in enumerate(prompts):
@@ -201,8 +203,6 @@ def warm_up(url: str, max_tokens: int = 16, timeout: float = 600.0,
 
 def tree_rss(pid: int) -> int | None:
     """Resident bytes of a process and all its descendants (None once it is gone)."""
-    import psutil
-
     try:
         root = psutil.Process(pid)
         processes = [root, *root.children(recursive=True)]

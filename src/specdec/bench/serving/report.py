@@ -21,7 +21,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from specdec.bench.serving.run import REFERENCE
+from specdec.bench.method.render import write_outputs
+from specdec.bench.plot import pyplot, save_figure
+from specdec.bench.serving.systems import REFERENCE
 
 LLAMA_BASELINE = "llamacpp_plain"
 
@@ -257,8 +259,6 @@ def to_markdown(results: dict, title: str = "specdec bench --serve") -> str:
 def plot_serving(results: dict, path: str | Path) -> Path | None:
     """serve.png: aggregate throughput and TTFT p50 against concurrency, one line per system (levels with
     failed requests left out); None when matplotlib is missing."""
-    from specdec.bench.plot import pyplot, save_figure
-
     plt = pyplot()
     if plt is None:
         return None
@@ -295,8 +295,6 @@ def plot_serving(results: dict, path: str | Path) -> Path | None:
 
 def write_serving_results(results: dict, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
     """results.json, results.md and (with matplotlib) serve.png in out_dir; their paths."""
-    from specdec.bench.method.report import write_outputs
-
     return write_outputs(results, out_dir, to_markdown(results), plot_serving if plot else None, "serve.png")
 
 

@@ -31,8 +31,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.host.hugepages import environment_as_given
-from specdec.config import ConfigError
 from specdec.bench.datasets import BenchPrompt
 from specdec.bench.llamacpp_peer import (
     OPTIONAL_FLAGS,
@@ -43,18 +41,14 @@ from specdec.bench.llamacpp_peer import (
     stop_server,
     wait_healthy,
 )
-from specdec.bench.serving.client import RssSampler, run_level, vm_hwm, warm_up
+from specdec.bench.serving.client import RssSampler, cpu_count, run_level, vm_hwm, warm_up
+from specdec.bench.serving.report import summarise, summarise_level
+from specdec.bench.serving.systems import LLAMACPP_SYSTEMS, REFERENCE, REFERENCE_DESCRIPTION, SYSTEMS
+from specdec.config import ConfigError
+from specdec.host.hugepages import environment_as_given
+from specdec.host.native_build import cpu_flags, cpu_model
+from specdec.version import __version__
 
-REFERENCE = "reference"
-SYSTEMS = {
-    "ours": "specdec serve --parallel C (default drafter and kernels)",
-    "ours_exact": "specdec serve --exact --parallel C (every stream must equal the reference)",
-    "ours_serial": "specdec serve --parallel 1 at every concurrency (today's one-at-a-time server)",
-    "llamacpp_plain": "llama-server -np C",
-    "llamacpp_ngram": "llama-server -np C --spec-type ngram-simple",
-}
-REFERENCE_DESCRIPTION = "specdec serve --drafter none --exact, concurrency 1 (plain decoding, solo)"
-LLAMACPP_SYSTEMS = ("llamacpp_plain", "llamacpp_ngram")
 DEFAULT_CONCURRENCY = "1,2,4,8"
 START_TIMEOUT = 300.0  # loading a model pair on a busy 2-core machine
 WARMUP_TOKENS = 16
@@ -263,8 +257,6 @@ def run_serving_bench(prompts: Sequence[BenchPrompt], options: ServeOptions,
     """The reference, then every concurrency level of every system (systems interleaved per level, their order
     rotated per level: level_plan), each on a fresh server, one at a time; the raw results with their summary
     (serving_report.summarise)."""
-    from specdec.bench.serving.report import summarise, summarise_level
-
     say = log or (lambda message: print(message, file=sys.stderr, flush=True))
     parallel = serve_supports_parallel() if options.parallel is None else options.parallel
     skipped = skip_reasons(options, parallel)
@@ -326,10 +318,6 @@ def lscpu() -> dict[str, str]:
 
 def serving_environment(options: ServeOptions) -> dict:
     """Versions and hardware (the bench's fields where they apply), and llama-server's version."""
-    from specdec.version import __version__
-    from specdec.host.native_build import cpu_flags, cpu_model
-    from specdec.bench.serving.client import cpu_count
-
     info = lscpu()
     env = {
         "specdec": __version__, "python": platform.python_version(), "platform": platform.platform(),
@@ -339,7 +327,7 @@ def serving_environment(options: ServeOptions) -> dict:
         "argv": sys.argv[1:],
     }
     try:
-        import llama_cpp
+        import llama_cpp  # the llamacpp extra: its version is recorded where installed
 
         env["llama_cpp_python"] = llama_cpp.__version__
     except (ImportError, OSError, RuntimeError):
