@@ -345,11 +345,11 @@ def test_engines_sharing_a_backend_keep_one_prefix_at_a_time():
 def run_together(batch, prompts):
     """Admit every prompt at once into a BatchEngine and step until all end; the sequences, in order."""
     sequences = [batch.add(p, GREEDY) for p in prompts]
-    tokens = {id(s): [] for s in sequences}
+    tokens = {s.request_id: [] for s in sequences}
     while batch.running:
         for output in batch.step():
-            tokens[id(output.sequence)] += output.tokens
-    return sequences, [tokens[id(s)] for s in sequences]
+            tokens[output.request_id] += output.tokens
+    return sequences, [tokens[s.request_id] for s in sequences]
 
 
 @pytest.mark.parametrize("parallel, siblings_kept", [(None, True), (2, True), (1, False)])
@@ -554,11 +554,11 @@ def test_llama_cpp_slots_of_one_engine_keep_full_prefixes_in_a_parallel_backend(
     params = SamplingParams(max_tokens=100, ignore_eos=True)
     firsts = [[(i * 37) % 250 + 5 for i in range(100)], [(i * 41) % 250 + 3 for i in range(100)]]
     sequences = [batch.add(p, params) for p in firsts]
-    outputs = {id(s): [] for s in sequences}
+    outputs = {s.request_id: [] for s in sequences}
     while batch.running:
         for output in batch.step():
-            outputs[id(output.sequence)] += output.tokens
-    follow_ups = [first + outputs[id(s)][:40] for first, s in zip(firsts, sequences)]
+            outputs[output.request_id] += output.tokens
+    follow_ups = [first + outputs[s.request_id][:40] for first, s in zip(firsts, sequences)]
     again = [batch.add(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in follow_ups]
     while batch.running:
         assert all(o.error is None for o in batch.step())

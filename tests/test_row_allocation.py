@@ -119,6 +119,7 @@ def test_the_scheduler_drafts_what_the_joint_allocation_chose(monkeypatch):
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 4, 5, 6, 4], [7, 8, 9, 7, 8, 9], [2, 5, 8, 2, 5, 8, 2, 5]]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     sequences = [batch.add(p, params, tag=i) for i, p in enumerate(prompts)]
+    tags = {s.request_id: s.tag for s in sequences}
     outputs = {i: [] for i in range(4)}
     checked = 0
     while batch.running:
@@ -126,7 +127,7 @@ def test_the_scheduler_drafts_what_the_joint_allocation_chose(monkeypatch):
         decoding = sum(not s.prefilling for s in batch.running)
         prefilling = any(s.prefilling for s in batch.running)
         for output in batch.step():
-            outputs[output.sequence.tag] += output.tokens
+            outputs[tags[output.request_id]] += output.tokens
         if len(calls) > before and not prefilling and decoding == 4:
             base_rows, ks = calls[-1]
             assert batch.last_pass_rows == base_rows + sum(ks)

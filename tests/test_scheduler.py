@@ -26,20 +26,21 @@ def run_all(engine: BatchEngine, requests, join_at=None):
     Returns per request: (tokens, text, finish reason) and the largest number of sequences seen in one step."""
     join_at = join_at or [0] * len(requests)
     results = {i: ([], [], None) for i in range(len(requests))}
-    handles = {}
+    handles, tag_of = {}, {}
     step = 0
     most = 0
     while len(handles) < len(requests) or engine.running:
         for i, (prompt, params) in enumerate(requests):
             if i not in handles and join_at[i] <= step and engine.has_room:
                 handles[i] = engine.add(prompt, params, tag=i)
+                tag_of[handles[i].request_id] = i
         most = max(most, len(engine.running))
         for output in engine.step():
             assert output.error is None, output.error
-            tokens, texts, _ = results[output.sequence.tag]
+            tokens, texts, _ = results[tag_of[output.request_id]]
             tokens += output.tokens
             texts.append(output.text)
-            results[output.sequence.tag] = (tokens, texts, output.finish_reason)
+            results[tag_of[output.request_id]] = (tokens, texts, output.finish_reason)
         step += 1
         assert step < 10_000
     return [(t, "".join(x), f) for t, x, f in (results[i] for i in range(len(requests)))], most
@@ -116,7 +117,7 @@ def sample_batched(target, draft, draws: int, width: int = 6) -> np.ndarray:
             outputs = engine.step()
             assert len(outputs) == len(tokens) or not engine.running or len(outputs) <= len(tokens)
             for output in outputs:
-                tokens[output.sequence.request_id] += output.tokens
+                tokens[output.request_id] += output.tokens
         for got in tokens.values():
             assert len(got) == 3
             counts[np.ravel_multi_index(got, [4] * 3)] += 1
@@ -157,16 +158,16 @@ def test_prefill_is_chunked_and_running_streams_keep_going():
     second_tokens = []
     while second.prefilling:
         outputs = batch.step()
-        emitted = {id(o.sequence) for o in outputs}
-        assert id(first) in emitted  # the running stream emitted at every step
+        emitted = {o.request_id for o in outputs}
+        assert first.request_id in emitted  # the running stream emitted at every step
         # The newcomer emits its first token from the pass of its last chunk, not before.
-        assert (id(second) in emitted) == (not second.prefilling)
-        second_tokens += [t for o in outputs if o.sequence is second for t in o.tokens]
+        assert (second.request_id in emitted) == (not second.prefilling)
+        second_tokens += [t for o in outputs if o.request_id == second.request_id for t in o.tokens]
         steps_while_prefilling += 1
     assert steps_while_prefilling == -(-100 // 16)  # 100 prompt tokens, 16 per step
     assert len(second_tokens) == 1
     while not second.finished:
-        second_tokens += [t for o in batch.step() if o.sequence is second for t in o.tokens]
+        second_tokens += [t for o in batch.step() if o.request_id == second.request_id for t in o.tokens]
     assert second_tokens == plain_engine(target).generate(long_prompt, SamplingParams(max_tokens=5,
                                                                                       ignore_eos=True)).tokens
     assert not first.finished
@@ -189,18 +190,18 @@ def test_a_burst_of_prompts_prefills_shortest_first_one_prompt_per_pass(monkeypa
         return real(rows)
 
     monkeypatch.setattr(target, "forward_batch", spy)
-    got = {id(s): [] for s in sequences}
+    got = {s.request_id: [] for s in sequences}
     first_token_order = []
     while batch.running:
         for output in batch.step():
-            if not got[id(output.sequence)]:
-                first_token_order.append(sequences.index(output.sequence))
-            got[id(output.sequence)] += output.tokens
+            if not got[output.request_id]:
+                first_token_order.append([s.request_id for s in sequences].index(output.request_id))
+            got[output.request_id] += output.tokens
     # 9 first (the others age by 9), then 12, then 20 in its two chunks (aged below 30's remaining), then 30.
     assert passes[:6] == [[(9, 1)], [(12, 1)], [(16, 0)], [(4, 1)], [(16, 0)], [(14, 1)]]
     assert first_token_order == [3, 1, 2, 0]
     for sequence, prompt in zip(sequences, prompts):
-        assert got[id(sequence)] == plain_engine(target).generate(prompt, params).tokens
+        assert got[sequence.request_id] == plain_engine(target).generate(prompt, params).tokens
 
 
 def test_a_long_prompt_is_not_starved_by_short_arrivals():
@@ -246,7 +247,7 @@ def test_abort_frees_the_slot_at_the_step_boundary_and_keeps_the_cache_consisten
     results = {}
     while batch.running:
         for output in batch.step():
-            results.setdefault(output.sequence.request_id, []).extend(output.tokens)
+            results.setdefault(output.request_id, []).extend(output.tokens)
     assert results[c.request_id] == plain_engine(target).generate([1, 2, 3], SamplingParams(
         max_tokens=5, ignore_eos=True)).tokens
 
@@ -267,7 +268,7 @@ def test_a_failing_drafter_ends_only_its_sequence():
     while bad.prefilling:  # the prefill steps: nothing drafted for it yet
         errors += [o for o in batch.step() if o.error is not None]
     errors += [o for o in batch.step() if o.error is not None]
-    assert [o.sequence for o in errors] == [bad] and bad.finish_reason == "error"
+    assert [o.request_id for o in errors] == [bad.request_id] and bad.finish_reason == "error"
     assert str(errors[0].error) == "drafter broke"
     while batch.running:
         batch.step()
@@ -362,13 +363,13 @@ def test_draft_model_drafts_for_all_sequences_in_shared_passes():
     sequences = [batch.add(p, params) for p in PROMPTS[:3]]
     tokens = {s.request_id: [] for s in sequences}
     for output in batch.step():  # the prefill step (a one-token prompt already decodes)
-        tokens[output.sequence.request_id] += output.tokens
+        tokens[output.request_id] += output.tokens
     steps = checked = 0
     while batch.running:
         before = draft.passes
         drafting = sum(1 for s in batch.running if not s.prefilling)
         for output in batch.step():
-            tokens[output.sequence.request_id] += output.tokens
+            tokens[output.request_id] += output.tokens
         steps += 1
         if drafting == 3 and steps > 1:
             assert draft.passes - before <= 3 + 1, draft.passes - before  # k forwards (+ a catch-up), shared
@@ -412,7 +413,7 @@ def test_fast_mode_fits_a_prompt_chunk_and_the_decode_rows_in_one_call(monkeypat
     newcomer = batch.add(long_prompt, params)
     tokens = []
     while newcomer.prefilling:
-        tokens += [t for o in batch.step() if o.sequence is newcomer for t in o.tokens]
+        tokens += [t for o in batch.step() if o.request_id == newcomer.request_id for t in o.tokens]
     chunks = [c[0] for _, c in passes if c]
     assert sum(chunks) == 100
     if exact or apart:
@@ -420,7 +421,7 @@ def test_fast_mode_fits_a_prompt_chunk_and_the_decode_rows_in_one_call(monkeypat
     else:
         assert chunks == [14] * 7 + [2] and max(rows for rows, _ in passes) == 16
     while not newcomer.finished:
-        tokens += [t for o in batch.step() if o.sequence is newcomer for t in o.tokens]
+        tokens += [t for o in batch.step() if o.request_id == newcomer.request_id for t in o.tokens]
     assert tokens == plain_engine(target).generate(long_prompt, params).tokens
     assert not any(r.finished for r in runners)
 
@@ -447,8 +448,8 @@ def test_a_prompts_last_chunk_prefilled_apart_goes_ahead_of_the_decoding_streams
     def step():
         out = batch.step()
         for o in out:
-            tokens.setdefault(o.sequence.request_id, []).extend(o.tokens)
-        return {o.sequence.request_id for o in out}
+            tokens.setdefault(o.request_id, []).extend(o.tokens)
+        return {o.request_id for o in out}
 
     step()
     step()
@@ -478,4 +479,4 @@ def test_a_short_last_chunk_still_shares_the_streams_pass():
     runner = batch.add([1, 2], params)
     batch.step()
     newcomer = batch.add([(i * 5) % 12 for i in range(12)], params)
-    assert {o.sequence.request_id for o in batch.step()} == {runner.request_id, newcomer.request_id}
+    assert {o.request_id for o in batch.step()} == {runner.request_id, newcomer.request_id}

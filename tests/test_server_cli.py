@@ -22,7 +22,7 @@ from specdec.cli import main as cli  # noqa: E402
 from specdec.config import SamplingParams  # noqa: E402
 from specdec.core.stats import SpecStats  # noqa: E402
 from specdec.decoder import SpecDecoder  # noqa: E402
-from specdec.engine.scheduler import StepOutput  # noqa: E402
+from specdec.engine.output import StepOutput  # noqa: E402
 from specdec.loading.models import ModelLoadError  # noqa: E402
 from specdec.server import create_app  # noqa: E402
 from specdec.server.worker import EngineWorker, Job  # noqa: E402
@@ -166,7 +166,8 @@ class RecordingEngine:
             if finish:
                 sequence.finish_reason = finish
                 self.running.remove(sequence)
-            outputs.append(StepOutput(sequence, [5], [False], f" t{sequence.prompt[0]}", finish))
+            outputs.append(StepOutput(sequence.request_id, [5], [False], f" t{sequence.prompt[0]}", finish,
+                                      stats=sequence.stats))
         self.last_pass_rows = len(outputs)
         return outputs
 
@@ -192,7 +193,7 @@ def test_worker_serves_one_job_at_a_time_first_come_first_served():
         gate.set()
         results = []
         for job in jobs:
-            texts = [event.chunk.text async for event in job.events_until_done() if event.kind == "chunk"]
+            texts = [output.text async for output in job.outputs_until_done()]
             results.append(("".join(texts), job.finish_reason))
         return results
 
@@ -317,7 +318,7 @@ def test_worker_runs_up_to_parallel_jobs_together_first_come_first_served():
             worker.submit(job)
         results = []
         for job in jobs:
-            texts = [event.chunk.text async for event in job.events_until_done() if event.kind == "chunk"]
+            texts = [output.text async for output in job.outputs_until_done()]
             results.append(("".join(texts), job.finish_reason))
         return jobs, results
 

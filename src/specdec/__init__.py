@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 # console script, which imports this package first) costs milliseconds: a Ctrl-C during torch's import
 # then lands in the command's handler, which reports it in one line, not in a traceback from here.
 _LAZY = {
-    "Chunk": "specdec.engine.single", "Generation": "specdec.engine.single", "StepOutput": "specdec.engine.scheduler",
+    "Chunk": "specdec.engine.output", "Generation": "specdec.engine.output", "StepOutput": "specdec.engine.output",
     "SpeculativeEngine": "specdec.engine.single", "plain_engine": "specdec.engine.single",
     "BatchEngine": "specdec.engine.scheduler", "SpecStats": "specdec.core.stats", "SpecDecoder": "specdec.decoder",
 }

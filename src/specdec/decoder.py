@@ -6,7 +6,9 @@ from typing import Iterator, Sequence
 
 from specdec.config import ModelRef, SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine.single import Chunk, Generation, SpeculativeEngine
+from specdec.engine.output import Generation, StepOutput
+from specdec.engine.scheduler import BatchEngine
+from specdec.engine.single import SpeculativeEngine
 from specdec.loading.models import load_pair
 
 
@@ -21,6 +23,7 @@ class SpecDecoder:
         self.spec = spec or (SpecConfig(drafter="draft_model") if draft is not None
                              else SpecConfig(drafter="suffix", k_policy="adaptive"))
         self.tokenizer = target.tokenizer
+        self._batches: dict[SpecConfig, BatchEngine] = {}
         self._engines: dict[SpecConfig, SpeculativeEngine] = {}
 
     @classmethod
@@ -33,14 +36,22 @@ class SpecDecoder:
         )
         return cls(target, draft, spec)
 
-    def engine(self, spec: SpecConfig | None = None) -> SpeculativeEngine:
-        """The engine for spec (cached, so caches are allocated once); drafter 'none' gives plain decoding."""
+    def batch_engine(self, spec: SpecConfig | None = None) -> BatchEngine:
+        """The batch engine for spec (cached, so caches are allocated once and policies keep what they learnt);
+        drafter 'none' gives plain decoding. A server sets how many sequences it runs together."""
         spec = spec or self.spec
-        if spec not in self._engines:
+        if spec not in self._batches:
             drafter = None
             if spec.drafter != "none":
                 drafter = create_drafter(spec.drafter, draft_backend=self.draft, spec=spec)
-            self._engines[spec] = SpeculativeEngine(self.target, drafter, spec)
+            self._batches[spec] = BatchEngine(self.target, drafter, spec)
+        return self._batches[spec]
+
+    def engine(self, spec: SpecConfig | None = None) -> SpeculativeEngine:
+        """One request at a time on the batch engine for spec (cached too)."""
+        spec = spec or self.spec
+        if spec not in self._engines:
+            self._engines[spec] = SpeculativeEngine.on(self.batch_engine(spec))
         return self._engines[spec]
 
     def plain_engine(self) -> SpeculativeEngine:
@@ -67,5 +78,5 @@ class SpecDecoder:
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig | None = None) -> Generation:
         return self.engine(spec).generate(prompt_ids, params)
 
-    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig | None = None) -> Iterator[Chunk]:
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig | None = None) -> Iterator[StepOutput]:
         return self.engine(spec).stream(prompt_ids, params)

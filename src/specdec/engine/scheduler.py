@@ -19,25 +19,13 @@ from specdec.core.sampling import greedy_tokens, make_generator, probabilities
 from specdec.core.stats import SpecStats
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled
 from specdec.drafters.base import Draft, Drafter
+from specdec.engine.output import StepOutput
 from specdec.engine.textstream import TextStream
 from specdec.kpolicy.adaptive import Ewma
 from specdec.kpolicy.calibration import DEFAULT_SIZES, cached_pass_costs, measure_pass_costs
 from specdec.kpolicy.factory import make_policy
 from specdec.kpolicy.plan_ledger import PlanLedger
 from specdec.kpolicy.row_allocation import Candidate, allocate_rows
-
-
-@dataclass
-class StepOutput:
-    """What one step gave one sequence: tokens, whether each came from the draft, the safe text delta, and why it
-    ended (None while running; "stop", "length", "abort"), or the error that ended it."""
-
-    sequence: "RunningSequence"
-    tokens: list[int]
-    from_draft: list[bool]
-    text: str = ""
-    finish_reason: str | None = None
-    error: BaseException | None = None
 
 
 class Slot:
@@ -304,7 +292,7 @@ class BatchEngine:
             except Exception as exc:  # noqa: BLE001 - the sequences whose drafts failed end; the others go on
                 for sequence, _, _ in group:
                     self._leave(sequence, "error", clean=False)
-                    outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+                    outputs.append(_failed(sequence, exc))
                 continue
             for (sequence, policy, k), draft in zip(group, drafts):
                 proposed = draft.tokens[: max(k, 0)]
@@ -323,7 +311,7 @@ class BatchEngine:
             # The backend rolled every cache back to before the call; the sequences in it end, with the error.
             for plan in plans:
                 self._leave(plan.sequence, "error", clean=False)
-                outputs.append(StepOutput(plan.sequence, [], [], "", "error", exc))
+                outputs.append(_failed(plan.sequence, exc))
             if not isinstance(exc, Exception):
                 raise
             return outputs
@@ -344,7 +332,7 @@ class BatchEngine:
                     outputs.append(self._first_token(sequence, rows_logits))
             except Exception as exc:  # noqa: BLE001 - that sequence's verification failed; the others go on
                 self._leave(sequence, "error", clean=False)
-                outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+                outputs.append(_failed(sequence, exc))
         return outputs
 
     def _first_token_goes_ahead(self, prompt: _Plan) -> bool:
@@ -438,7 +426,7 @@ class BatchEngine:
                 options.append((sequence, *self._draft_option(sequence)))
             except Exception as exc:  # noqa: BLE001 - a drafter failed: that sequence ends, the others go on
                 self._leave(sequence, "error", clean=False)
-                outputs.append(StepOutput(sequence, [], [], "", "error", exc))
+                outputs.append(_failed(sequence, exc))
         shared = prefill_rows + len(options) > 1
         together = [shared and cap > 0 and policy is not None and policy.allocatable for _, policy, cap in options]
         ks: list[int] = [0] * len(options)
@@ -594,7 +582,12 @@ class BatchEngine:
         if finish is not None:
             sequence.finish_reason = finish
             self._leave(sequence, finish, clean=True)
-        return StepOutput(sequence, new_tokens, new_from_draft, delta, finish)
+        return StepOutput(sequence.request_id, new_tokens, new_from_draft, delta, finish, stats=stats)
+
+
+def _failed(sequence: RunningSequence, error: BaseException) -> StepOutput:
+    """The record of a sequence that an error ended (it has left the engine)."""
+    return StepOutput(sequence.request_id, [], [], "", "error", error, sequence.stats)
 
 
 def default_decoder(backend: ModelBackend) -> Callable[[Sequence[int]], str]:
@@ -605,4 +598,4 @@ def default_decoder(backend: ModelBackend) -> Callable[[Sequence[int]], str]:
     return lambda ids: " ".join(str(i) for i in ids)
 
 
-__all__ = ["BatchEngine", "RunningSequence", "Slot", "StepOutput", "default_decoder"]
+__all__ = ["BatchEngine", "RunningSequence", "Slot", "default_decoder"]

@@ -2,43 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from specdec.config import SamplingParams, SpecConfig
 from specdec.core.stats import SpecStats
 from specdec.drafters.base import Drafter
+from specdec.engine.output import Chunk, Generation, StepOutput
 from specdec.engine.scheduler import BatchEngine
-
-
-@dataclass
-class Chunk:
-    """What one engine step emits: tokens, whether each came from the draft, and the safe text delta."""
-
-    tokens: list[int]
-    from_draft: list[bool]
-    text: str = ""
-    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
-
-
-@dataclass
-class Generation:
-    """A finished request: all tokens, the text, why it ended, and its statistics.
-
-    After a stop string the tokens end at the one in which the stop string ends and the text ends
-    where it begins (vLLM's convention); plain and speculative runs agree on both.
-    """
-
-    tokens: list[int]
-    text: str
-    finish_reason: str
-    stats: SpecStats
-    from_draft: list[bool] = field(default_factory=list)
 
 
 class SpeculativeEngine:
     """Runs one request at a time over a target backend and an optional drafter: the batch-of-one case of
-    BatchEngine (scheduler.py), the same step code that serves many sequences at once.
+    BatchEngine (engine/scheduler.py), the same step code that serves many sequences at once.
 
     With no drafter (or k = 0) each step is one target forward on the last token: plain
     autoregressive decoding through exactly the same code, cache and weights.
@@ -66,6 +41,13 @@ class SpeculativeEngine:
         self.target = target
         self.spec = self.batch.spec
         self.decode = self.batch.decode
+
+    @classmethod
+    def on(cls, batch: BatchEngine) -> "SpeculativeEngine":
+        """One request at a time on an existing batch engine (its slots, caches and learnt policies)."""
+        engine = cls.__new__(cls)
+        engine.batch, engine.target, engine.spec, engine.decode = batch, batch.target, batch.spec, batch.decode
+        return engine
 
     @property
     def drafter(self) -> Drafter | None:
@@ -139,13 +121,14 @@ class SpeculativeEngine:
             finish = chunk.finish_reason or finish
         return Generation(tokens, "".join(texts), finish, self.last_stats, from_draft)
 
-    def stream(self, prompt: Sequence[int], params: SamplingParams) -> Iterator[Chunk]:
-        """Yield Chunks until EOS, a stop string or max_tokens; stats land in self.last_stats."""
+    def stream(self, prompt: Sequence[int], params: SamplingParams) -> Iterator[StepOutput]:
+        """Yield the request's StepOutputs until EOS, a stop string or max_tokens (the last one says which);
+        stats land in self.last_stats. An error inside the engine is raised here."""
         prompt = [int(t) for t in prompt]
         self.check_request(prompt, params)
         return self._run(prompt, params)
 
-    def _run(self, prompt: list[int], params: SamplingParams) -> Iterator[Chunk]:
+    def _run(self, prompt: list[int], params: SamplingParams) -> Iterator[StepOutput]:
         batch = self.batch
         for earlier in list(batch.running):
             batch.abort(earlier)  # one slot: a stream left open by its caller ends here
@@ -155,7 +138,7 @@ class SpeculativeEngine:
                 for output in batch.step():
                     if output.error is not None:
                         raise output.error
-                    yield Chunk(output.tokens, output.from_draft, output.text, output.finish_reason)
+                    yield output
         finally:
             # Closed at a yield (the caller stopped reading): between steps, where the cache invariant holds.
             batch.abort(sequence)
@@ -166,4 +149,4 @@ def plain_engine(target, decode=None, prefix_cache: bool | None = None) -> Specu
     return SpeculativeEngine(target, None, SpecConfig(), decode, prefix_cache)
 
 
-__all__ = ["Chunk", "Generation", "SpeculativeEngine", "plain_engine"]
+__all__ = ["Chunk", "Generation", "SpeculativeEngine", "StepOutput", "plain_engine"]

@@ -82,12 +82,12 @@ class ServerState:
         return self._ready.is_set()
 
     def set_ready(self, decoder) -> None:
-        engine = decoder.engine()
+        engine = decoder.batch_engine()
         if engine.drafter is not None:
             self.metrics.declare_positions(decoder.spec.num_speculative_tokens)
         self.decoder = decoder
         self.engine = engine
-        engine.batch.set_max_running(self.limits.parallel)
+        engine.set_max_running(self.limits.parallel)
         self.worker = EngineWorker(engine, self.metrics)
         self._ready.set()
 
@@ -238,7 +238,7 @@ def create_app(
     elif served_model_name:
         names = list(served_model_name)
     else:
-        names = [getattr(getattr(decoder, "target", None), "name", None) or "specdec"]
+        names = [(decoder.target.name if decoder is not None else None) or "specdec"]
     metrics = ServerMetrics(names[0])
     state = ServerState(names, metrics, on_load_error, limits)
     if decoder is not None:
@@ -444,11 +444,10 @@ async def _collect(state: ServerState, ctx: ResponseContext, job: Job, request: 
     texts: list[str] = []
     watcher = asyncio.create_task(_watch_disconnect(request, job))
     try:
-        async for event in job.events_until_done():
-            if event.kind == "chunk":
-                texts.append(event.chunk.text)
-            elif event.kind == "error":
-                raise _engine_error(event.error)
+        async for output in job.outputs_until_done():
+            if output.error is not None:
+                raise _engine_error(output.error)
+            texts.append(output.text)
     finally:
         watcher.cancel()
         job.cancel()
@@ -468,23 +467,20 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
     try:
         if ctx.kind == "chat":
             yield sse.event(ctx.chunk("", role=True, include_usage=include_usage))
-        final = None
-        async for event in job.events_until_done():
-            if event.kind == "chunk":
-                chunk = event.chunk
-                if chunk.text:
-                    yield sse.event(ctx.chunk(chunk.text, include_usage=include_usage))
-                if chunk.finish_reason is not None:
-                    final = chunk.finish_reason
-            elif event.kind == "error":
-                error = _engine_error(event.error)
+        async for output in job.outputs_until_done():
+            if output.error is not None:
+                error = _engine_error(output.error)
                 state.metrics.request_error(error.status)
                 yield sse.event(error.body())
-            else:
+                continue
+            if output.text:
+                yield sse.event(ctx.chunk(output.text, include_usage=include_usage))
+            if output.finish_reason is not None:  # the last output: the request's end, after its accounting
                 stats = state.specdec_stats(job)
-                if final is not None:
+                if output.finish_reason in ("stop", "length"):
                     empty = "" if ctx.kind == "completion" else None
-                    yield sse.event(ctx.chunk(empty, final, include_usage=include_usage, specdec=stats))
+                    yield sse.event(ctx.chunk(empty, output.finish_reason, include_usage=include_usage,
+                                              specdec=stats))
                 if include_usage:
                     yield sse.event(ctx.usage_chunk(_usage(job), stats))
         yield sse.DONE

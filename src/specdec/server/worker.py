@@ -1,13 +1,14 @@
 """One engine thread serves the queued requests, up to `parallel` of them together (continuous batching), first come first served.
 
 The model, its KV caches and the drafter's caches are not thread-safe, so exactly one thread ever
-touches them. HTTP handlers enqueue a Job and await its events on the event loop; the worker admits
-queued jobs into the engine's free sequence slots (scheduler.BatchEngine) in arrival order, runs one
-step for all running sequences at a time, and hands every sequence's output back with
-`loop.call_soon_threadsafe`, so the event loop never blocks on a forward pass. A job that is cancelled
+touches them. HTTP handlers enqueue a Job and await its outputs on the event loop; the worker admits
+queued jobs into the batch engine's free sequence slots (engine/scheduler.BatchEngine) in arrival order,
+runs one step for all running sequences at a time, and hands every sequence's StepOutput back unchanged
+with `loop.call_soon_threadsafe`, so the event loop never blocks on a forward pass. A job's last output
+(finish_reason set: stop, length, abort or error) is handed over once the job's accounting is done. A job that is cancelled
 (client gone) leaves at the next step boundary, where its slot's cache is consistent (it keeps the
 request's tokens, whose common prefix with a later prompt is not prefilled again). On shutdown, queued
-jobs are failed at once and the running ones are ended with a `ServerShuttingDown` error event.
+jobs are failed at once and the running ones are ended with a `ServerShuttingDown` error.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from specdec.config import SamplingParams
 from specdec.core.stats import SpecStats
-from specdec.engine.single import Chunk
+from specdec.engine.output import StepOutput
+from specdec.engine.scheduler import BatchEngine
 from specdec.server.metrics import ServerMetrics
 
 log = logging.getLogger("specdec.server")
@@ -33,15 +34,6 @@ class ServerShuttingDown(RuntimeError):
     """Why a job was refused or ended early: the server is draining for shutdown (HTTP 503)."""
 
 
-@dataclass
-class Event:
-    """What a job reports to its HTTP handler: kind 'chunk' (a Chunk), then one 'done' or 'error'."""
-
-    kind: str
-    chunk: Chunk | None = None
-    error: BaseException | None = None
-
-
 class Job:
     """One request's prompt, parameters, cancellation flag and results, shared by handler and worker."""
 
@@ -49,9 +41,9 @@ class Job:
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.params = params
         self.loop = loop or asyncio.get_running_loop()
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
         self._cancelled = threading.Event()
-        self.cancel_error: BaseException | None = None  # reported as an error event instead of a quiet abort
+        self.cancel_error: BaseException | None = None  # reported as the job's error instead of a quiet abort
         self.arrived_at = time.perf_counter()
         self.started_at: float | None = None
         self.first_token_at: float | None = None
@@ -64,7 +56,7 @@ class Job:
 
     def cancel(self, error: BaseException | None = None) -> None:
         """Ask the worker to stop this job at its next step (or to skip it if it has not started); with an
-        error, the job ends with that error event (the client is still there and should be told why)."""
+        error, the job ends with that error (the client is still there and should be told why)."""
         if error is not None and not self._cancelled.is_set():
             self.cancel_error = error
         self._cancelled.set()
@@ -73,17 +65,25 @@ class Job:
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
-    def emit(self, event: Event) -> None:
+    def emit(self, output: StepOutput) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self.loop.call_soon_threadsafe(self.outputs.put_nowait, output)
         except RuntimeError:  # the event loop is gone: nobody is listening any more
             self.cancel()
 
-    async def events_until_done(self) -> AsyncIterator[Event]:
+    def end(self, reason: str, error: BaseException | None = None, last: StepOutput | None = None) -> None:
+        """Hand over the job's last output (the engine's, or an empty one) with its end, and mark it done."""
+        last = last or StepOutput(None, [], [])
+        last.finish_reason, last.error, last.stats = reason, error, self.stats
+        self.emit(last)
+        self.done.set()
+
+    async def outputs_until_done(self) -> AsyncIterator[StepOutput]:
+        """The job's outputs as the worker hands them over, the last one with its finish_reason."""
         while True:
-            event = await self.events.get()
-            yield event
-            if event.kind in ("done", "error"):
+            output = await self.outputs.get()
+            yield output
+            if output.finish_reason is not None:
                 return
 
     def timings(self) -> dict[str, Any]:
@@ -102,9 +102,8 @@ class EngineWorker:
     them together, one BatchEngine step at a time, on its own thread (continuous batching; `parallel` = the
     engine's max_running, 1 = one request at a time)."""
 
-    def __init__(self, engine, metrics: ServerMetrics | None = None, name: str = "specdec-engine"):
-        self.engine = engine
-        self.batch = getattr(engine, "batch", engine)  # a SpeculativeEngine runs on a one-slot BatchEngine
+    def __init__(self, batch: BatchEngine, metrics: ServerMetrics | None = None, name: str = "specdec-engine"):
+        self.batch = batch
         self.metrics = metrics
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._waiting = 0
@@ -157,8 +156,7 @@ class EngineWorker:
                 self.metrics.waiting.dec()
             job.cancel(error)
             self._finish(job, "abort", None)
-            job.emit(Event("error", error=error))
-            job.done.set()
+            job.end("abort", error)
             failed += 1
 
     def submit(self, job: Job) -> None:
@@ -219,15 +217,13 @@ class EngineWorker:
             metrics.request_queue_time.observe(job.started_at - job.arrived_at)
         if job.cancelled:  # the client left while waiting (or the server is stopping): do no work
             self._finish(job, "abort", None)
-            job.emit(Event("error", error=job.cancel_error) if job.cancel_error else Event("done"))
-            job.done.set()
+            job.end("abort", job.cancel_error)
             return
         try:
             sequence = self.batch.add(job.prompt_ids, job.params, tag=job)
         except Exception as exc:  # noqa: BLE001 - a request the engine refused: reported to its client
             self._finish(job, "error", None)
-            job.emit(Event("error", error=exc))
-            job.done.set()
+            job.end("error", exc)
             return
         with self._lock:
             self._running[sequence.request_id] = (job, sequence, {})
@@ -249,13 +245,13 @@ class EngineWorker:
             metrics.pass_rows.observe(self.batch.last_pass_rows)
         now = time.perf_counter()
         for output in outputs:
-            request_id = output.sequence.request_id
+            request_id = output.request_id
             entry = self._running.get(request_id)
             if entry is None:
                 continue
             job, sequence, snapshot = entry
             if output.error is not None:
-                self._end(request_id, output.error)
+                self._end(request_id, output.error, output)
                 continue
             if output.tokens or output.finish_reason:
                 if metrics:
@@ -271,13 +267,14 @@ class EngineWorker:
                 job.num_generated += len(output.tokens)
                 if output.finish_reason is not None:
                     job.finish_reason = output.finish_reason
-                job.emit(Event("chunk", chunk=Chunk(output.tokens, output.from_draft, output.text,
-                                                    output.finish_reason)))
-            if sequence.finished:
-                self._end(request_id, None)
+            if output.finish_reason is not None:
+                self._end(request_id, None, output)  # hands this last output over after the job's accounting
+            else:
+                job.emit(output)
 
-    def _end(self, request_id: int, error: BaseException | None) -> None:
-        """A job's sequence has left the engine: report its end (done, or the error that ended it)."""
+    def _end(self, request_id: int, error: BaseException | None, last: StepOutput | None = None) -> None:
+        """A job's sequence has left the engine: account for it, then hand over its last output (the engine's
+        `last`, or an empty one) with how it ended (its finish reason, or the error that ended it)."""
         with self._lock:
             job, sequence, snapshot = self._running.pop(request_id)
         metrics = self.metrics
@@ -291,8 +288,7 @@ class EngineWorker:
         else:
             reason = "abort" if error is job.cancel_error else "error"
         self._finish(job, reason, sequence.stats)
-        job.emit(Event("error", error=error) if error is not None else Event("done"))
-        job.done.set()
+        job.end(reason, error, last)
 
     def _fail_running(self, error: BaseException) -> None:
         for request_id, (job, sequence, _) in list(self._running.items()):
@@ -310,8 +306,7 @@ class EngineWorker:
                 return
             if job is not None:
                 job.finish_reason = "abort"
-                job.emit(Event("error", error=ServerShuttingDown("the server is shutting down")))
-                job.done.set()
+                job.end("abort", ServerShuttingDown("the server is shutting down"))
 
     def _finish(self, job: Job, reason: str, stats: SpecStats | None) -> None:
         job.finished_at = time.perf_counter()
