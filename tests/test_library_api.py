@@ -5,9 +5,9 @@ from __future__ import annotations
 
 def test_a_target_of_ones_own_gets_no_packaged_draft_and_drafts_with_the_suffix_drafter(monkeypatch):
     import torch
-    from markov_backend import MarkovBackend
 
     import specdec
+    from markov_backend import MarkovBackend
     from specdec.decoder import SpecDecoder
 
     seen = {}

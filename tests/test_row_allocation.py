@@ -10,7 +10,7 @@ import pytest
 
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine import scheduler
+from specdec.engine import draft_lengths
 from specdec.engine.scheduler import BatchEngine
 from specdec.engine.single import plain_engine
 from specdec.kpolicy.adaptive import AdaptiveK
@@ -108,14 +108,14 @@ def test_the_scheduler_drafts_what_the_joint_allocation_chose(monkeypatch):
     drafter = create_drafter("prompt_lookup", draft_backend=None, spec=spec)
     batch = BatchEngine(target, drafter, spec, max_running=4)
     calls = []
-    real = scheduler.allocate_rows
+    real = draft_lengths.allocate_rows
 
     def recording(candidates, base_rows, base_tokens, pass_cost, margin):
         ks = real(candidates, base_rows, base_tokens, pass_cost, margin)
         calls.append((base_rows, ks))
         return ks
 
-    monkeypatch.setattr(scheduler, "allocate_rows", recording)
+    monkeypatch.setattr(draft_lengths, "allocate_rows", recording)
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 4, 5, 6, 4], [7, 8, 9, 7, 8, 9], [2, 5, 8, 2, 5, 8, 2, 5]]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     sequences = [batch.add(p, params, tag=i) for i, p in enumerate(prompts)]

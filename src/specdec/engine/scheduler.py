@@ -7,83 +7,24 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from specdec.backends.base import BatchRows, ModelBackend
-from specdec.backends.kvcache import ContextOverflowError, RetainedPrefix, common_prefix_length
+from specdec.backends.kvcache import ContextOverflowError, common_prefix_length
 from specdec.config import SamplingParams, SpecConfig
 from specdec.core.sampling import greedy_tokens, make_generator, probabilities
 from specdec.core.stats import SpecStats
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled
 from specdec.drafters.base import Draft, Drafter
+from specdec.engine.draft_lengths import choose_draft_lengths
 from specdec.engine.output import StepOutput
+from specdec.engine.sequence import RunningSequence, Slot, StepPlan
 from specdec.engine.textstream import TextStream
 from specdec.kpolicy.adaptive import Ewma
 from specdec.kpolicy.calibration import DEFAULT_SIZES, cached_pass_costs, measure_pass_costs
 from specdec.kpolicy.factory import make_policy
-from specdec.kpolicy.plan_ledger import PlanLedger
-from specdec.kpolicy.row_allocation import Candidate, allocate_rows
-
-
-class Slot:
-    """A place for one sequence: a target cache, what it holds between requests, and a drafter of its own.
-
-    Slots outlive requests, so a slot's cache keeps the last request's tokens for a next one that shares their
-    prefix (llama-server's slots), and a draft model's cache does the same inside the slot's drafter.
-    """
-
-    def __init__(self, drafter: Drafter | None):
-        self.cache = None
-        self.retained = RetainedPrefix()  # its group is set at each admission (BatchEngine.add)
-        self.drafter = drafter
-        self.sequence: RunningSequence | None = None
-
-
-@dataclass
-class RunningSequence:
-    """One request inside the engine: its context, state of prefill, policies, text and counters."""
-
-    request_id: int
-    prompt: list[int]
-    params: SamplingParams
-    slot: Slot
-    generator: torch.Generator
-    eos: frozenset
-    text: TextStream
-    stats: SpecStats
-    began: float
-    context: list[int] = field(default_factory=list)
-    prefilled: int = 0  # prompt tokens in the target cache (the last chunk's logits give the first token)
-    passed_over: int = 0  # prompt rows prefilled for others while this one waited (ages its prefill priority)
-    generated: int = 0
-    policies: dict = field(default_factory=dict)  # per draft source
-    plans: PlanLedger = field(default_factory=PlanLedger)  # a deterministic drafter's plans awaiting their tokens
-    finish_reason: str | None = None
-    tag: object = None  # the caller's handle (a server job)
-
-    @property
-    def prefilling(self) -> bool:
-        return self.prefilled < len(self.prompt)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class _Plan:
-    """One sequence's part of a step: its rows, and for a decode step the draft behind them. A prefill chunk
-    (decode False) that ends the prompt asks for its last row's logits: the sequence's first token."""
-
-    sequence: RunningSequence
-    rows: BatchRows
-    decode: bool
-    proposed: list[int] = field(default_factory=list)
-    draft: Draft | None = None
-    policy: object = None
 
 
 class BatchEngine:
@@ -298,7 +239,7 @@ class BatchEngine:
                 proposed = draft.tokens[: max(k, 0)]
                 sequence.stats.draft_seconds += draft.seconds
                 rows = BatchRows([sequence.context[-1]] + proposed, sequence.slot.cache, len(proposed) + 1)
-                plans.append(_Plan(sequence, rows, decode=True, proposed=proposed, draft=draft, policy=policy))
+                plans.append(StepPlan(sequence, rows, decode=True, proposed=proposed, draft=draft, policy=policy))
         if not plans:
             return outputs
         self._fit_prompt_chunk_beside_decode_rows(plans)
@@ -335,7 +276,7 @@ class BatchEngine:
                 outputs.append(_failed(sequence, exc))
         return outputs
 
-    def _first_token_goes_ahead(self, prompt: _Plan) -> bool:
+    def _first_token_goes_ahead(self, prompt: StepPlan) -> bool:
         """Whether this prompt chunk runs alone, the decoding streams' pass in the next step (which then takes no
         prompt chunk): when it ends its prompt and the backend prefills it in a call of its own (prefills_apart).
 
@@ -346,7 +287,7 @@ class BatchEngine:
         rows = prompt.rows
         return not prompt.decode and rows.num_logits == 1 and self.target.prefills_apart(len(rows.tokens), 1)
 
-    def _fit_prompt_chunk_beside_decode_rows(self, plans: list["_Plan"]) -> None:
+    def _fit_prompt_chunk_beside_decode_rows(self, plans: list["StepPlan"]) -> None:
         """Shorten this pass's prompt chunk to what the backend runs best beside the decode rows
         (prompt_rows_beside); the rest of the chunk waits for the next step."""
         if plans[0].decode or len(plans) == 1:
@@ -363,7 +304,7 @@ class BatchEngine:
         the price the load-aware policy reads for shared passes of that size, instead of the calibration's."""
         self.shared_pass_costs.setdefault(rows, Ewma(alpha)).add(seconds)
 
-    def _prefill_plans(self) -> list[_Plan]:
+    def _prefill_plans(self) -> list[StepPlan]:
         """This step's prefill: one chunk of the waiting prompt with the fewest tokens left to prefill.
 
         Shortest first, one prompt per pass: on a CPU a pass costs about in proportion to its rows (llama-bench,
@@ -388,7 +329,7 @@ class BatchEngine:
                 other.passed_over += size
         tokens = sequence.prompt[sequence.prefilled:sequence.prefilled + size]
         last = sequence.prefilled + size == len(sequence.prompt)
-        return [_Plan(sequence, BatchRows(tokens, sequence.slot.cache, 1 if last else 0), decode=False)]
+        return [StepPlan(sequence, BatchRows(tokens, sequence.slot.cache, 1 if last else 0), decode=False)]
 
     def _policy(self, sequence: RunningSequence, source: str | None):
         """The k policy of one draft source for this sequence.
@@ -413,13 +354,8 @@ class BatchEngine:
 
     def _choose_drafts(self, deciders: list[RunningSequence], prefill_rows: int,
                        outputs: list[StepOutput]) -> list[tuple[RunningSequence, object, int]]:
-        """This step's (sequence, policy, k) for every decoding sequence; a sequence whose drafter failed ends here.
-
-        In a shared pass, the sequences whose policies learn acceptance from plans have their draft lengths chosen
-        together (row_allocation: the pass's tokens per second on the measured curve, which one sequence at a
-        time cannot see where the curve is not convex). The others choose alone, in order, each seeing the rows
-        the rest put in the pass (prefill, the drafts chosen so far, one row per sequence still to choose).
-        """
+        """This step's (sequence, policy, k) for every decoding sequence (the lengths: draft_lengths.py); a sequence
+        whose drafter failed ends here."""
         options = []
         for sequence in deciders:
             try:
@@ -427,30 +363,7 @@ class BatchEngine:
             except Exception as exc:  # noqa: BLE001 - a drafter failed: that sequence ends, the others go on
                 self._leave(sequence, "error", clean=False)
                 outputs.append(_failed(sequence, exc))
-        shared = prefill_rows + len(options) > 1
-        together = [shared and cap > 0 and policy is not None and policy.allocatable for _, policy, cap in options]
-        ks: list[int] = [0] * len(options)
-        rows, tokens = prefill_rows + sum(together), float(len(options))
-        alone = [i for i, joint in enumerate(together) if not joint]
-        for n, i in enumerate(alone):
-            _, policy, cap = options[i]
-            if policy is None:
-                rows += 1
-                continue
-            policy.set_pass_context(rows + len(alone) - n - 1, float(len(options) - 1))
-            ks[i] = min(policy.next_k(), cap)
-            rows += 1 + max(ks[i], 0)
-            if ks[i] > 0:
-                tokens += policy.expected_tokens(ks[i]) - 1.0
-        joint = [i for i, flag in enumerate(together) if flag]
-        if joint:
-            curve = options[joint[0]][1].shared_pass_curve()
-            candidates = [Candidate(options[i][1].position_gains(options[i][2]), options[i][1].draft_cost)
-                          for i in joint]
-            margin = options[joint[0]][1].margin  # every allocatable policy learns from plans: PLAN_MARGIN
-            ks_joint = allocate_rows(candidates, rows, tokens, curve, margin)
-            for i, k in zip(joint, ks_joint):
-                ks[i] = options[i][1].take_k(k)
+        ks = choose_draft_lengths([(policy, cap) for _, policy, cap in options], prefill_rows)
         return [(sequence, policy, k) for (sequence, policy, _), k in zip(options, ks)]
 
     def _draft_option(self, sequence: RunningSequence) -> tuple[object, int]:
@@ -507,7 +420,7 @@ class BatchEngine:
         sequence, _, k = group[0]
         return [sequence.slot.drafter.propose(sequence.context, k) if k > 0 else Draft([])]
 
-    def _finish_decode(self, plan: _Plan, logits: torch.Tensor, target_seconds: float, shared: bool) -> StepOutput:
+    def _finish_decode(self, plan: StepPlan, logits: torch.Tensor, target_seconds: float, shared: bool) -> StepOutput:
         sequence, proposed, draft = plan.sequence, plan.proposed, plan.draft
         stats = sequence.stats
         draft_probs = draft.probs[: len(proposed)] if draft.probs is not None else None
