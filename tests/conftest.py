@@ -114,3 +114,35 @@ def _measurements_in_a_temporary_directory(tmp_path_factory):
         os.environ.pop("SPECDEC_MEASUREMENTS", None)
     else:
         os.environ["SPECDEC_MEASUREMENTS"] = original
+
+
+def greedy_reference(model):
+    """transformers' own greedy generate of `model`, memoised: the independent reference of greedy tests."""
+    cache = {}
+
+    def run(prompt, n):
+        key = (tuple(prompt), n)
+        if key not in cache:
+            out = model.generate(
+                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0,
+            )
+            cache[key] = out[0, len(prompt):].tolist()
+            assert len(cache[key]) == n, "the reference stopped early; pick a prompt without EOS"
+        return cache[key]
+
+    return run
+
+
+def install_fake_llama_server(tmp_path, source: str):
+    """A `bin/` folder under tmp_path whose llama-server is the Python `source` (an executable script)."""
+    import stat
+    import sys
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    script = folder / "llama-server"
+    script.write_text(f"#!{sys.executable}\n" + source)
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return folder
+

@@ -5,13 +5,13 @@ records; the server command lines; and one run of our server on a tiny GGUF at c
 from __future__ import annotations
 
 import json
-import stat
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from conftest import install_fake_llama_server
 from specdec.bench.llamacpp_peer import server_flags
 from specdec.bench.serving import run as serving
 from specdec.bench.serving.client import RequestRecord, apply_event, chat_body, parse_event
@@ -300,11 +300,7 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 @pytest.fixture()
 def fake_llama_bin(tmp_path):
-    folder = tmp_path / "bin"
-    folder.mkdir()
-    script = folder / "llama-server"
-    script.write_text(f"#!{sys.executable}\n" + FAKE_LLAMA_SERVER)
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    folder = install_fake_llama_server(tmp_path, FAKE_LLAMA_SERVER)
     server_flags.cache_clear()
     yield folder
     server_flags.cache_clear()

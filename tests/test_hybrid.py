@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
+from conftest import greedy_reference
 from markov_backend import (  # noqa: F401
     MarkovBackend,
     chi_square_pvalue,
@@ -64,20 +65,7 @@ def test_min_match_decides_between_lookup_and_model():
 
 @pytest.fixture(scope="module")
 def hf_greedy(target_model):
-    cache = {}
-
-    def run(prompt, n):
-        key = (tuple(prompt), n)
-        if key not in cache:
-            out = target_model.generate(
-                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0,
-            )
-            cache[key] = out[0, len(prompt):].tolist()
-            assert len(cache[key]) == n
-        return cache[key]
-
-    return run
+    return greedy_reference(target_model)
 
 
 @pytest.mark.parametrize("k_policy", ["fixed", "adaptive"])

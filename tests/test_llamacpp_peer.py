@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from conftest import install_fake_llama_server
 from specdec.bench import llamacpp_peer
 from specdec.bench.llamacpp_peer import (
     LlamaServer,
@@ -104,11 +103,7 @@ HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 @pytest.fixture()
 def fake_bin(tmp_path):
-    folder = tmp_path / "bin"
-    folder.mkdir()
-    script = folder / "llama-server"
-    script.write_text(f"#!{sys.executable}\n" + FAKE_SERVER)
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    folder = install_fake_llama_server(tmp_path, FAKE_SERVER)
     server_flags.cache_clear()
     yield folder
     for pid in _pids(folder):  # never leave a fake behind, even when a test fails

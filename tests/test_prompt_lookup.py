@@ -6,8 +6,8 @@ import random
 import time
 
 import pytest
-import torch
 
+from conftest import greedy_reference
 from markov_backend import (  # noqa: F401
     MarkovBackend,
     chi_square_pvalue,
@@ -124,21 +124,7 @@ def _engine(target, name="prompt_lookup", k=5, **spec_kw):
 
 @pytest.fixture(scope="module")
 def hf_greedy(target_model):
-    """transformers' own greedy generate of the target: the independent reference."""
-    cache = {}
-
-    def run(prompt, n):
-        key = (tuple(prompt), n)
-        if key not in cache:
-            out = target_model.generate(
-                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0,
-            )
-            cache[key] = out[0, len(prompt):].tolist()
-            assert len(cache[key]) == n, "the reference stopped early; pick a prompt without EOS"
-        return cache[key]
-
-    return run
+    return greedy_reference(target_model)
 
 
 @pytest.mark.parametrize("k_policy", ["fixed", "adaptive"])
