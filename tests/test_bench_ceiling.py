@@ -4,7 +4,9 @@ share of it each method reached, checked against hand-computed values."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from markov_backend import MarkovBackend
 from specdec.bench.method.ceiling import ceiling_markdown, ceiling_summary, rows_per_token
 
 CURVE = {"1": 10.0, "2": 12.0, "4": 14.0, "8": 20.0}  # ms per pass of n rows
@@ -63,11 +65,10 @@ def test_a_flat_line_has_no_ceiling_and_a_run_without_a_curve_no_section():
 def test_the_run_records_the_curve_its_policies_read():
     from specdec.bench.method.probes import curve_ms
 
-    class Calibrated:
-        pass_costs = {2: 0.012, 1: 0.01}
-
-    assert curve_ms(Calibrated()) == {"1": 10.0, "2": 12.0}
-    assert curve_ms(object()) is None
+    calibrated, uncalibrated = MarkovBackend(torch.zeros(4, 4)), MarkovBackend(torch.zeros(4, 4))
+    calibrated.pass_costs = {2: 0.012, 1: 0.01}
+    assert curve_ms(calibrated) == {"1": 10.0, "2": 12.0}
+    assert curve_ms(uncalibrated) is None
 
 
 def test_copy_bound_per_task_from_the_runs_outputs_and_the_share_of_it_reached():

@@ -13,8 +13,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from conftest import install_fake_llama_server
+from markov_backend import MarkovBackend
 from specdec.bench import llamacpp_peer
 from specdec.bench.llamacpp_peer import (
     LlamaServer,
@@ -278,11 +280,11 @@ def test_gguf_files_come_from_the_backends_else_from_the_model_references(tmp_pa
     llama = SimpleNamespace(target=SimpleNamespace(gguf_path="/m/t.gguf"),
                             draft=SimpleNamespace(gguf_path="/m/d.gguf"))
     assert gguf_files(llama, "ignored", "ignored") == (Path("/m/t.gguf"), Path("/m/d.gguf"))
-    torch_pair = SimpleNamespace(target=object(), draft=object())
+    torch_pair = SimpleNamespace(target=MarkovBackend(torch.zeros(4, 4)), draft=MarkovBackend(torch.zeros(4, 4)))
     target = _gguf(tmp_path)
     assert gguf_files(torch_pair) == (None, None)  # no references: nothing to resolve
     assert gguf_files(torch_pair, str(target), "org/name") == (target.resolve(), None)
-    assert gguf_files(SimpleNamespace(target=object(), draft=None), str(target), str(target))[1] is None
+    assert gguf_files(SimpleNamespace(target=torch_pair.target, draft=None), str(target), str(target))[1] is None
     assert gguf_files(torch_pair, str(tmp_path / "missing.gguf"), None) == (None, None)
 
     import specdec.bench.llamacpp_peer

@@ -96,7 +96,7 @@ class SpecConfig:
     lookup_max_ngram: int = 3
     lookup_min_ngram: int = 1
     # Keep the KV cache of the previous request and prefill only what a new prompt adds after the longest
-    # common prefix (llama-server's cache_prompt). The exact llama.cpp target never reuses: see engine.py.
+    # common prefix (llama-server's cache_prompt). The exact llama.cpp target never reuses: see engine/single.py (reuses_prefix).
     prefix_cache: bool = True
     # Suffix drafter (drafters/suffix.py): trie depth, the cross-request cache of recent outputs (in memory,
     # bounded by tokens), and vLLM's suffix rules: at most factor * match length + offset tokens, each with

@@ -52,6 +52,13 @@ class ModelBackend(ABC):
     # measure it before the first adaptive request.
     pass_costs: dict[int, float] | None = None
     calibrate_on_first_use = False
+    # What the bench and reports read: the torch nn.Module (hooked to time forwards), the GGUF file, the CPU
+    # threads, and the backend's own forward counters.
+    model = None
+    gguf_path = None
+    threads: int | None = None
+    forward_calls = 0
+    forward_seconds = 0.0
 
     @abstractmethod
     def new_cache(self, capacity: int) -> KVCache: ...
@@ -89,6 +96,13 @@ class ModelBackend(ABC):
         """What a measured pass-cost curve depends on (CPU, library, model, kernels, threads), for the curve cache;
         None: not cached."""
         return None
+
+    def runtime_summary(self, collapsed: bool = True) -> str | None:
+        """One line on the kernels, mode and threads the backend runs (None: nothing to say beyond its name)."""
+        return None
+
+    def close(self) -> None:
+        """Free what the backend holds outside Python's memory (llama.cpp's context); by default nothing."""
 
     def token_strings(self) -> list[bytes] | None:
         """Every token's stored text by id, for vocabulary checks between two models (None: ask the tokenizer)."""

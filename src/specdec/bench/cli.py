@@ -219,12 +219,12 @@ def _bench_at(args: argparse.Namespace, prompts: list, threads: int | None, deco
     ggufs = gguf_files(decoder, ref.target, ref.draft) if loaded_here else gguf_files(decoder)
     methods, skipped = resolve_methods(
         args.methods, method_options(args), has_draft_model=decoder.draft is not None,
-        has_hf_model=getattr(decoder.target, "model", None) is not None,
+        has_hf_model=decoder.target.model is not None,
         llamacpp_missing=missing_reason(binaries_dir(args.llamacpp_bin), ggufs[0]),
         llamacpp_draft_missing=None if ggufs[1] is not None else "the draft is not a GGUF file",
         exact_missing=exact_missing_reason(decoder.target),
     )
-    on_torch = getattr(decoder.target, "model", None) is not None
+    on_torch = decoder.target.model is not None
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
     config = BenchConfig(

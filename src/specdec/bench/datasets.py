@@ -41,7 +41,7 @@ class BenchPrompt:
     # Multi-turn (Spec-Bench's second turns): the user's later turns of this conversation, not yet asked ...
     later_turns: tuple[str, ...] = ()
     # ... and, for a later turn, the earlier turns' prompt ids in order: the conversation so far is each of
-    # those user turns followed by the answer plain decoding gave it in the same run (bench/runner.py).
+    # those user turns followed by the answer plain decoding gave it in the same run (bench/method/runner.py).
     earlier_ids: tuple[str, ...] = ()
 
 

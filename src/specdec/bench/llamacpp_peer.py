@@ -71,7 +71,7 @@ def gguf_files(
     def one(backend, reference: str | None, role: str) -> Path | None:
         if backend is None:
             return None
-        path = getattr(backend, "gguf_path", None)
+        path = backend.gguf_path
         if path is not None:
             return Path(path)
         if not reference:

@@ -126,7 +126,7 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
 def _add_ceiling(report: dict, target, spec: SpecConfig, one_row_seconds: float | None) -> None:
     """report["ceiling"] from the target's measured pass-cost curve; report["ceiling_stale"] instead (and the
     cached curve dropped) when its one-row pass is over STALE_CURVE off this run's own one-row steps."""
-    curve = getattr(target, "pass_costs", None)
+    curve = target.pass_costs
     if not curve:
         return
     if one_row_seconds and not 1 / STALE_CURVE <= curve[min(curve)] / one_row_seconds <= STALE_CURVE:
@@ -149,9 +149,8 @@ def _more_pairs(decoder, prompt_ids, params: SamplingParams, spec: SpecConfig, c
         order = ("plain", "spec") if index % 2 == 0 else ("spec", "plain")
         for name in order:
             engine = decoder.plain_engine() if name == "plain" else decoder.engine(spec)
-            forget = getattr(engine.drafter, "forget", None)
-            if forget is not None:
-                forget()  # each run drafts as the first did: not from what earlier runs of this prompt wrote
+            if engine.drafter is not None:
+                engine.drafter.forget()  # each run drafts as the first did: not from what earlier runs wrote
             runs[name] = engine.generate(prompt_ids, params).stats.tokens_per_second
         if runs["plain"] > 0 and runs["spec"] > 0:
             ratios.append(runs["spec"] / runs["plain"])
@@ -170,8 +169,7 @@ def _speedup_line(report: dict) -> str:
 
 
 def _runtime(decoder) -> str | None:
-    summary = getattr(decoder.target, "runtime_summary", None)
-    return summary() if callable(summary) else None
+    return decoder.target.runtime_summary()
 
 
 def first_divergence(decoder, prompt_ids, plain_tokens: list[int], spec_tokens: list[int]) -> dict:

@@ -112,7 +112,7 @@ def distill(
     draft_before = load_backend(draft, options.draft_weight_format, options.max_context, "draft", options.backend,
                                 options.threads)
     check_vocab_compatible(target_backend, draft_before)
-    draft_runtime = "llama.cpp" if hasattr(draft_before, "gguf_path") else "torch"
+    draft_runtime = "llama.cpp" if draft_before.gguf_path is not None else "torch"
     phases["load"] = time.perf_counter() - began
 
     methods = eval_methods(options.eval_methods)
@@ -125,8 +125,7 @@ def distill(
         before = evaluate_draft(target_backend, draft_before, prompts.heldout, methods, eval_params, options.chat,
                                 {**extra, "draft": draft}, log=log)
         phases["eval_before"] = time.perf_counter() - mark
-    if hasattr(draft_before, "close"):
-        draft_before.close()  # training loads its own copy; keep only one draft in memory
+    draft_before.close()  # training loads its own copy; keep only one draft in memory
     del draft_before
 
     mark = time.perf_counter()
@@ -148,7 +147,7 @@ def distill(
     mark = time.perf_counter()
     model, source_gguf = load_trainable_draft(draft, options.train.dtype)
     model, result = train_draft(model, examples, options.train, progress)
-    save_draft(model, out, getattr(target_backend, "tokenizer", None))
+    save_draft(model, out, target_backend.tokenizer)
     phases["train"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
@@ -182,7 +181,7 @@ def _export(model, out: Path, source_gguf: Path | None, target_backend, options:
     """Write out/draft.gguf when asked and possible; returns (path or None, a note saying why not)."""
     if options.gguf is None:
         return None, None
-    vocab_gguf = getattr(target_backend, "gguf_path", None)
+    vocab_gguf = target_backend.gguf_path
     kind = _gguf_kind(options.gguf, source_gguf)
     try:
         if options.gguf == "auto" and kind in ("q8_0", "q4_k_m"):

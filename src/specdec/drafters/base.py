@@ -74,6 +74,9 @@ class Drafter(ABC):
     def observe(self, context: Sequence[int]) -> None:
         return None
 
+    def forget(self) -> None:
+        """Drop what it learnt across requests (a repeated measurement must not draft from its own earlier runs)."""
+
     def spawn(self) -> "Drafter":
         raise NotImplementedError(f"the {self.name} drafter cannot serve several sequences at once")
 

@@ -8,7 +8,7 @@ The stores are dropped by gcc's RTL dead-store elimination; `-fno-dse` keeps the
 file's object code with gcc 12.2 -O3: without it only the palette byte is stored before ldtilecfg).
 So every option is set explicitly from /proc/cpuinfo, and AMX comes with `-fno-dse`.
 clang 14 spells the AMX macro `__AMXINT8__`, which ggml does not test, so with clang AMX is left off
-and we say so. Whether an AMX build really runs is proven again at first load (llamacpp_probe.py).
+and we say so. Whether an AMX build really runs is proven again at first load (backends/llamacpp/probe.py).
 
     CMAKE_ARGS="$(python3 src/specdec/host/native_build.py)" pip install -e .      # what the README does
 """

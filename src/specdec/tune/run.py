@@ -32,7 +32,7 @@ from specdec.tune.ranking import Recommendation, rank
 # configurations, each with plain decoding measured again in the same run.
 MAX_CONFIGURATIONS_PER_RUN = 12
 
-# Figures copied from the bench summary row of each configuration (definitions in bench/report.py).
+# Figures copied from the bench summary row of each configuration (definitions in bench/method/render.py).
 _ROW_FIELDS = (
     "speedup", "speedup_geomean", "tokens_per_second", "decode_tokens_per_second", "acceptance_rate",
     "mean_acceptance_length", "acceptance_rate_per_pos", "num_drafts_per_pos", "mean_k", "cost_ratio",
@@ -184,7 +184,7 @@ def tune(
         measure("model-free drafters", None, None, pending_model_free)
     ranked, recommendation = rank(rows, options.min_speedup)
     info = {
-        "target": getattr(target, "name", None),
+        "target": target.name,
         "num_prompts": len(prompts),
         "tasks": list(dict.fromkeys(p.task for p in prompts)),
         "sampling": dataclasses.asdict(params),

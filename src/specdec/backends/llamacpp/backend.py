@@ -14,7 +14,7 @@ ids in max_context cells). Exact mode with parallel > 1 gives each sequence id a
 
 Two modes. Fast (batch_invariant=False, the default of `specdec generate`/`serve`): llama.cpp's own
 CPU configuration: repacked weights (and AMX where the library has it and a multi-row pass was proven
-to run, llamacpp_probe.py), flash attention as llama.cpp chooses, every pass in one llama_decode.
+to run, probe.py), flash attention as llama.cpp chooses, every pass in one llama_decode.
 Lossless in distribution; a row can round differently in a batch than alone, so greedy output can
 differ from plain decoding at near-ties. Exact (batch_invariant=True, `--exact`): a row's logits are
 bit-identical whether it is decoded alone (plain decoding) or as one row of a k+1 verification batch.
@@ -23,7 +23,7 @@ llama.cpp picks kernels by batch size in four places, so the exact mode avoids e
   the rest, so passes of 1-3 rows all take the gemv): kept, and rows whose logits are returned go
   through llama_decode in slices of at most EXACT_REPACKED_ROWS rows. Where the library has AMX, its
   buffers take the weights first: AMX's int8 products with int32 sums do not depend on the row count, so
-  a child-process probe (llamacpp_probe.amx_invariant_rows) measures on the model how long a pass keeps
+  a child-process probe (probe.amx_invariant_rows) measures on the model how long a pass keeps
   every row bit-identical to a one-row pass (the default 1.5B target: every length up to 33) and exact
   mode slices by that; where it holds for fewer than INVARIANT_ROWS, the extra buffer types are off and
   slices are INVARIANT_ROWS long;

@@ -1,4 +1,4 @@
-"""`specdec bench --device cuda` / `--load-format dummy`: build or load the pair on the device, make the prompts, run bench/gpu.py and write its report."""
+"""`specdec bench --device cuda` / `--load-format dummy`: build or load the pair on the device, make the prompts, run bench/gpu/run.py and write its report."""
 
 from __future__ import annotations
 

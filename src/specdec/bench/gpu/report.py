@@ -1,4 +1,4 @@
-"""Summarise a GPU bench run (bench/gpu.py) and write it as results.json and results.md: rates, ratios, the bandwidth limit, the pass-cost curves."""
+"""Summarise a GPU bench run (bench/gpu/run.py) and write it as results.json and results.md: rates, ratios, the bandwidth limit, the pass-cost curves."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ The other peer, llama.cpp's own llama-server on the same GGUF files (bench/llama
 sets its draft length) and `llamacpp_ngram` (its n-gram speculation).
 `exact_<method>` is any of our methods on a second target loaded with llama.cpp's exact (batch-invariant)
 kernels, what `--exact` runs (`exact_plain`: plain decoding with them, the exact methods' baseline); see
-bench/exact.py.
+bench/method/exact.py.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def unavailable_reason(
 
     llamacpp_missing: why no llama.cpp peer can run (no binaries, target not GGUF); llamacpp_draft_missing:
     why its draft-model speculation cannot (the draft is not a GGUF file); exact_missing: why the exact_
-    methods cannot (bench/exact.py: not the llama.cpp backend, or its target already exact).
+    methods cannot (bench/method/exact.py: not the llama.cpp backend, or its target already exact).
     """
     if method.exact and exact_missing:
         return exact_missing

@@ -62,9 +62,8 @@ def make_probe(backend):
     """A forward probe for a backend: hooks on its nn.Module, else its own log; None if it has neither."""
     if backend is None:
         return None
-    model = getattr(backend, "model", None)
-    if model is not None:
-        return ForwardProbe(model)
+    if backend.model is not None:
+        return ForwardProbe(backend.model)
     if hasattr(backend, "forward_records"):
         return BackendProbe(backend)
     return None
@@ -83,22 +82,22 @@ def summarise_forwards(records: list[tuple[int, float]], short_max: int) -> dict
 
 def curve_ms(backend) -> dict[str, float] | None:
     """A backend's measured pass-cost curve in ms by row count (None when nothing calibrated it)."""
-    curve = getattr(backend, "pass_costs", None)
+    curve = backend.pass_costs
     return {str(rows): round(seconds * 1000, 3) for rows, seconds in sorted(curve.items())} if curve else None
 
 
 def fast_kernels(target) -> bool:
     """Whether the target runs llama.cpp's default fast kernels (batch-dependent: greedy output of our
     speculative methods may part from plain decoding at near-ties) rather than exact ones."""
-    if getattr(target, "model", None) is not None:
+    if target.model is not None:
         return False  # torch: one set of kernels
-    return getattr(target, "batch_invariant", None) is False
+    return not target.batch_invariant
 
 
 def call_counters(backend) -> tuple[int, float]:
     if backend is None:
         return 0, 0.0
-    return int(getattr(backend, "forward_calls", 0)), float(getattr(backend, "forward_seconds", 0.0))
+    return int(backend.forward_calls), float(backend.forward_seconds)
 
 
 def counters_delta(before: tuple[int, float], after: tuple[int, float]) -> dict:

@@ -81,8 +81,8 @@ class BenchRunner:
         self.decoder = decoder
         self.config = config
         self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
-        target_model = getattr(decoder.target, "model", None)
-        draft_model = getattr(decoder.draft, "model", None) if decoder.draft is not None else None
+        target_model = decoder.target.model
+        draft_model = decoder.draft.model if decoder.draft is not None else None
         self.target_model, self.draft_model = target_model, draft_model
         self.target_probe = make_probe(decoder.target)
         self.draft_probe = make_probe(decoder.draft)
@@ -412,7 +412,7 @@ def llamacpp_peers(decoder, bin_dir: str | None, ggufs: tuple | None = None, thr
     reason = missing_reason(folder, target_gguf)
     if reason:
         raise ValueError(f"llama.cpp peers cannot run: {reason}")
-    threads = threads or getattr(decoder.target, "threads", None) or torch_threads()
+    threads = threads or decoder.target.threads or torch_threads()
     return PeerPool(folder, target_gguf, draft_gguf, threads, decoder.target.max_context)
 
 

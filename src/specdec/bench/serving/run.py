@@ -13,7 +13,7 @@ Every server gets the same model (llama-server the target's GGUF), the same thre
 per stream (llama-server's `-c` is C times ours: it splits its context between its C slots). Until
 `specdec serve` has `--parallel` (detected from its --help), `ours` and `ours_exact` run without it, and
 `ours` is then the one-at-a-time server itself. Load generation: serving_client.py; tables and plot:
-serving_report.py.
+serving/report.py.
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ def run_serving_bench(prompts: Sequence[BenchPrompt], options: ServeOptions,
                       log: Callable[[str], None] | None = None) -> dict:
     """The reference, then every concurrency level of every system (systems interleaved per level, their order
     rotated per level: level_plan), each on a fresh server, one at a time; the raw results with their summary
-    (serving_report.summarise)."""
+    (serving/report.summarise)."""
     say = log or (lambda message: print(message, file=sys.stderr, flush=True))
     parallel = serve_supports_parallel() if options.parallel is None else options.parallel
     skipped = skip_reasons(options, parallel)
