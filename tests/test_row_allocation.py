@@ -10,9 +10,9 @@ import pytest
 
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
-from specdec.engine import draft_lengths
 from specdec.engine.scheduler import BatchEngine
 from specdec.engine.single import plain_engine
+from specdec.kpolicy import draft_lengths
 from specdec.kpolicy.adaptive import AdaptiveK
 from specdec.kpolicy.calibration import interpolate_cost
 from specdec.kpolicy.row_allocation import Candidate, allocate_rows

@@ -18,12 +18,12 @@ from specdec.core.sampling import greedy_tokens, make_generator, probabilities
 from specdec.core.stats import SpecStats
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled
 from specdec.drafters.base import Draft, Drafter
-from specdec.engine.draft_lengths import choose_draft_lengths
 from specdec.engine.output import StepOutput
 from specdec.engine.sequence import RunningSequence, Slot, StepPlan
 from specdec.engine.textstream import TextStream
 from specdec.kpolicy.adaptive import Ewma
 from specdec.kpolicy.calibration import DEFAULT_SIZES, cached_pass_costs, measure_pass_costs
+from specdec.kpolicy.draft_lengths import choose_draft_lengths
 from specdec.kpolicy.factory import make_policy
 
 
@@ -354,8 +354,8 @@ class BatchEngine:
 
     def _choose_drafts(self, deciders: list[RunningSequence], prefill_rows: int,
                        outputs: list[StepOutput]) -> list[tuple[RunningSequence, object, int]]:
-        """This step's (sequence, policy, k) for every decoding sequence (the lengths: draft_lengths.py); a sequence
-        whose drafter failed ends here."""
+        """This step's (sequence, policy, k) for every decoding sequence (the lengths: kpolicy/draft_lengths.py);
+        a sequence whose drafter failed ends here."""
         options = []
         for sequence in deciders:
             try:
