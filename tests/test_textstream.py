@@ -190,18 +190,17 @@ class _ReferenceTextStream:
 
 
 def _ref_first_stop(text, stops, start):
-    positions = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-    return min(positions) if positions else None
+    """The first position at or after start where a stop string begins, by trying every position (None: none)."""
+    for position in range(start, len(text) + 1):
+        if any(text.startswith(stop, position) for stop in stops):
+            return position
+    return None
 
 
 def _ref_partial_stop_suffix(text, stops):
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
-                break
-    return longest
+    """The longest end of text that is a proper beginning of a stop string, by trying every length."""
+    return max((size for stop in stops for size in range(1, len(stop))
+                if size <= len(text) and text[len(text) - size:] == stop[:size]), default=0)
 
 
 def assert_same_as_reference(decode, ids, stops, rng, context="", strict_text=True):
