@@ -23,8 +23,11 @@ from specdec.config import SamplingParams  # noqa: E402
 from specdec.core.stats import SpecStats  # noqa: E402
 from specdec.decoder import SpecDecoder  # noqa: E402
 from specdec.engine.output import StepOutput  # noqa: E402
+from specdec.errors import ConfigError  # noqa: E402
 from specdec.loading.models import ModelLoadError  # noqa: E402
 from specdec.server import create_app  # noqa: E402
+from specdec.server.limits import ServerLimits  # noqa: E402
+from specdec.server.tenants import TenantKeys, key_digest  # noqa: E402
 from specdec.server.worker import EngineWorker, Job  # noqa: E402
 from test_server import make_decoder, tiny_tokenizer  # noqa: E402
 
@@ -113,6 +116,41 @@ def test_api_key_is_enforced_on_v1_only(decoder):
         assert client.post("/v1/completions", headers=good, json=BODY).status_code == 200
 
 
+def _cached(response) -> int:
+    return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_tenants_never_share_cached_prefixes_and_a_salt_narrows_within_one(decoder, tmp_path):
+    """Two keys, two tenants: the attacker's copy of the victim's prompt finds nothing cached, the victim's own
+    repeat does (the negative control: the cache is on); cache_salt narrows within a tenant, never widens."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"# tenants\nvictim {key_digest('k-victim').hex()}\nattacker sha256:{key_digest('k-att').hex()}\n")
+    app = create_app(decoder, served_model_name="tiny", tenants=TenantKeys.from_file(keys),
+                     limits=ServerLimits(parallel=4))  # a slot each: one partition never evicts another here
+    body = {**BODY, "prompt": "w1 w2 w3 w4 w5 w6 w7 w8", "max_tokens": 2, "temperature": 0}
+    victim, attacker = {"Authorization": "Bearer k-victim"}, {"Authorization": "Bearer k-att"}
+    with TestClient(app) as client:
+        assert client.post("/v1/completions", headers={"Authorization": "Bearer nobody"}, json=body).status_code == 401
+        first = client.post("/v1/completions", headers=victim, json=body)
+        assert first.status_code == 200
+        assert _cached(client.post("/v1/completions", headers=attacker, json=body)) == 0
+        assert _cached(client.post("/v1/completions", headers=attacker, json={**body, "cache_salt": "x"})) == 0
+        assert _cached(client.post("/v1/completions", headers=victim, json=body)) > 0
+        assert _cached(client.post("/v1/completions", headers=victim, json={**body, "cache_salt": "s"})) == 0
+        assert _cached(client.post("/v1/completions", headers=victim, json={**body, "cache_salt": "s"})) > 0
+        again = client.post("/v1/completions", headers=victim, json=body)
+        assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+
+
+def test_a_bad_keys_file_is_a_one_line_config_error(tmp_path):
+    bad = tmp_path / "keys"
+    bad.write_text("victim not-a-digest\n")
+    with pytest.raises(ConfigError, match="keys:1: expected 'TENANT SHA256HEX'"):
+        TenantKeys.from_file(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        TenantKeys.from_file(tmp_path / "missing")
+
+
 # --------------------------------------------------------------------------------------------- worker
 
 
@@ -147,7 +185,7 @@ class RecordingEngine:
     def has_room(self) -> bool:
         return len(self.running) < self.max_running
 
-    def add(self, prompt, params, tag=None):
+    def add(self, prompt, params, tag=None, partition=None):
         sequence = FakeSequence(next(self._ids), list(prompt), params, SpecStats(num_prompt_tokens=len(prompt)))
         self.order.append(prompt[0])
         self.running.append(sequence)

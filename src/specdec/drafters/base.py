@@ -42,7 +42,8 @@ class Drafter(ABC):
       draft model) then keeps, at `begin`, the part it shares with the new prompt (at most prompt[:-1]) and at
       `end` what it holds; False: empty at both, as a cold run wants.
     - `observe(context)` is called just before `end` with the whole context, for a drafter that learns from
-      outputs across requests (the suffix drafter's cache).
+      outputs across requests (the suffix drafter's cache); `set_partition` (before `begin`) names the request's
+      cache partition, so what it learnt from one partition's outputs never drafts for another's.
     - `can_spawn` and `spawn()`: a fresh drafter of the same kind for another slot of a batching engine,
       sharing what may be shared (the draft model's weights, the suffix cache).
     - `batch_key()` and `propose_batch`: drafters with equal keys (one draft model) draft together, their
@@ -73,6 +74,10 @@ class Drafter(ABC):
 
     def observe(self, context: Sequence[int]) -> None:
         return None
+
+    def set_partition(self, partition: object) -> None:
+        """The cache partition (tenant and salt) of the request about to begin: a drafter that keeps state across
+        requests (the suffix cache) uses only that partition's."""
 
     def forget(self) -> None:
         """Drop what it learnt across requests (a repeated measurement must not draft from its own earlier runs)."""

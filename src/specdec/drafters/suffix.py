@@ -250,6 +250,26 @@ class SuffixCache:
         self._tokens = 0
 
 
+class SuffixCachePool:
+    """One SuffixCache per cache partition (a tenant and its salt): one partition's outputs never draft for
+    another's requests. At most max_partitions caches are kept, the least recently used dropped first, so memory
+    stays at most max_partitions x the cache's max_tokens."""
+
+    def __init__(self, max_tokens: int, depth: int, max_partitions: int = 64):
+        self.max_tokens, self.depth, self.max_partitions = max_tokens, depth, max_partitions
+        self._caches: OrderedDict[object, SuffixCache] = OrderedDict()
+
+    def get(self, partition: object) -> SuffixCache:
+        cache = self._caches.pop(partition, None) or SuffixCache(self.max_tokens, self.depth)
+        self._caches[partition] = cache  # the most recently used last
+        while len(self._caches) > self.max_partitions:
+            self._caches.popitem(last=False)
+        return cache
+
+    def clear(self) -> None:
+        self._caches.clear()
+
+
 class SuffixDrafter(Drafter):
     """Drafts from the request's own suffix trie (prompt + output) and the cross-request cache.
 
@@ -260,11 +280,13 @@ class SuffixDrafter(Drafter):
     name = "suffix"
     can_spawn = True
 
-    def __init__(self, spec: SpecConfig | None = None, cache: SuffixCache | None = None):
+    def __init__(self, spec: SpecConfig | None = None, caches: SuffixCachePool | None = None):
         self.spec = spec or SpecConfig(drafter=self.name)
         self.depth = self.spec.suffix_depth
-        self.cache = cache if cache is not None else (
-            SuffixCache(self.spec.suffix_cache_tokens, self.depth) if self.spec.suffix_cache else None)
+        self.caches = caches if caches is not None else (
+            SuffixCachePool(self.spec.suffix_cache_tokens, self.depth) if self.spec.suffix_cache else None)
+        # The cross-request cache of the partition the current request belongs to (set_partition).
+        self.cache = self.caches.get(None) if self.caches is not None else None
         self.local = SuffixTrie(self.depth)
         self.prompt_length = 0
         # next_source's plan for the propose() that follows: (context length, draft, seconds it took)
@@ -272,7 +294,11 @@ class SuffixDrafter(Drafter):
 
     def spawn(self) -> "SuffixDrafter":
         """A drafter for another sequence running at the same time: its own trie, the same cross-request cache."""
-        return SuffixDrafter(self.spec, self.cache)  # no cache: the spec turned it off, so the new one has none
+        return SuffixDrafter(self.spec, self.caches)  # no caches: the spec turned them off, so the new one has none
+
+    def set_partition(self, partition: object) -> None:
+        """Draft from, and feed, only the cross-request cache of this request's partition."""
+        self.cache = self.caches.get(partition) if self.caches is not None else None
 
     def begin(self, prompt: Sequence[int], params: SamplingParams | None = None,
               generator: torch.Generator | None = None) -> None:
@@ -363,9 +389,10 @@ class SuffixDrafter(Drafter):
         pass  # the tries only ever hold the engine's context: accepted tokens
 
     def forget(self) -> None:
-        """Drop the cross-request cache (a repeated measurement must not draft from its own earlier runs)."""
-        if self.cache is not None:
-            self.cache.clear()
+        """Drop the cross-request caches (a repeated measurement must not draft from its own earlier runs)."""
+        if self.caches is not None:
+            self.caches.clear()
+            self.cache = self.caches.get(None)
 
     def observe(self, context: Sequence[int]) -> None:
         """Put this request's output into the cross-request cache (the prompt is not: it is the user's)."""
@@ -379,4 +406,4 @@ class SuffixDrafter(Drafter):
 
 register_drafter("suffix", lambda draft_backend=None, spec=None, **kw: SuffixDrafter(spec, **kw))
 
-__all__ = ["SuffixCache", "SuffixDraft", "SuffixDrafter", "SuffixTrie"]
+__all__ = ["SuffixCache", "SuffixCachePool", "SuffixDraft", "SuffixDrafter", "SuffixTrie"]

@@ -128,8 +128,14 @@ class BatchEngine:
 
     # -- admission and leaving ----------------------------------------------------------------------------
 
-    def add(self, prompt: Sequence[int], params: SamplingParams, tag: object = None) -> RunningSequence:
-        """Admit a request into a free slot (the one whose cache shares the longest prefix with the prompt)."""
+    def add(self, prompt: Sequence[int], params: SamplingParams, tag: object = None,
+            partition: object = None) -> RunningSequence:
+        """Admit a request into a free slot (the one whose cache shares the longest prefix with the prompt).
+
+        partition (hashable; None for one local user) says who may share cross-request state: the request
+        reuses a slot's cached prefix, a draft model's cached prefix, the suffix cache and the adaptive policies'
+        acceptance only where its own partition left them, so no other partition's text can speed it up (or be
+        read back through its timing or its statistics)."""
         prompt = [int(t) for t in prompt]
         self.check_request(prompt, params)
         if not self.has_room:
@@ -137,14 +143,16 @@ class BatchEngine:
         if self.spec.k_policy == "adaptive" and self.target.calibrate_on_first_use \
                 and self.target.pass_costs is None and self.drafter is not None and not self.running:
             self.calibrate()  # a GPU's nearly free rows, a CPU's kinked curve: no line through two sizes shows them
-        slot = self._free_slot(prompt)
+        slot = self._free_slot(prompt, partition)
+        same_partition = slot.partition == partition
         began = time.perf_counter()
         stats = SpecStats(num_prompt_tokens=len(prompt))
         sequence = RunningSequence(
             request_id=next(self._ids), prompt=prompt, params=params, slot=slot,
             generator=make_generator(params.seed, self.target.device),
             eos=frozenset() if params.ignore_eos else self.target.eos_token_ids,
-            text=TextStream(self.decode, params.stop), stats=stats, began=began, context=list(prompt), tag=tag)
+            text=TextStream(self.decode, params.stop), stats=stats, began=began, context=list(prompt), tag=tag,
+            partition=partition)
         cache = self.cache_of(slot)
         # The slots keep their prefixes side by side while the target's memory is sized for all of them
         # (llama.cpp: `parallel` sequences; torch: a memory per cache); beyond that, as separate owners.
@@ -152,7 +160,9 @@ class BatchEngine:
         slot.retained.group = self._slot_group if len(self.slots) <= room else None
         # Keep the longest common prefix of what the slot's cache holds and prompt[:-1]; prefill only the rest (at
         # least the last prompt token, whose logits give the first token).
-        sequence.prefilled = slot.retained.claim(self.target, cache, prompt[:-1], self.reuses_prefix)
+        sequence.prefilled = slot.retained.claim(self.target, cache, prompt[:-1],
+                                                 self.reuses_prefix and same_partition)
+        slot.partition = partition
         stats.num_cached_prompt_tokens = sequence.prefilled
         slot.sequence = sequence
         self.running.append(sequence)
@@ -160,24 +170,32 @@ class BatchEngine:
         drafter = slot.drafter
         try:
             if drafter is not None:
-                drafter.prefix_cache = self.prefix_cache  # one switch for both caches (a draft model's)
+                # One switch for both caches (a draft model's), and never across partitions.
+                drafter.prefix_cache = self.prefix_cache and same_partition
+                drafter.set_partition(partition)
                 drafter.begin(prompt, params, sequence.generator)
             if self.max_running == 1:
-                for kept in self.adaptive_policies.values():
-                    kept.begin_request()  # acceptance is the request's content: old evidence fades
+                for key, kept in self.adaptive_policies.items():
+                    if _partition_of(key) == partition:
+                        kept.begin_request()  # acceptance is the request's content: old evidence fades
         except BaseException:
             self._leave(sequence, "error", clean=False)
             raise
         return sequence
 
-    def _free_slot(self, prompt: list[int]) -> Slot:
+    def _free_slot(self, prompt: list[int], partition: object) -> Slot:
         free = [slot for slot in self.slots if slot.sequence is None]
+        if len(self.slots) < self.max_running and not any(
+                slot.partition == partition or not slot.retained.tokens for slot in free):
+            free = []  # a slot of its own before another partition's cached prefix is overwritten
         if not free:
             drafter = self.slots[0].drafter
             free = [Slot(drafter.spawn() if drafter is not None else None)]
             self.slots += free
-        # llama-server's slot choice: the idle slot whose cached tokens share the longest prefix with the prompt.
-        return max(free, key=lambda slot: common_prefix_length(slot.retained.tokens, prompt[:-1]))
+        # llama-server's slot choice: the idle slot whose cached tokens share the longest prefix with the prompt,
+        # among the slots of the request's own partition; else the slot of another partition holding least.
+        return max(free, key=lambda slot: (common_prefix_length(slot.retained.tokens, prompt[:-1])
+                                           if slot.partition == partition else -len(slot.retained.tokens) - 1))
 
     def abort(self, sequence: RunningSequence) -> None:
         """End a running sequence between steps (a client gone, a newer request on a one-slot engine)."""
@@ -191,7 +209,9 @@ class BatchEngine:
         stats.total_seconds = time.perf_counter() - sequence.began
         self.total_stats.merge(stats)
         if self.max_running > 1 and self.spec.k_policy == "adaptive":
-            self.adaptive_policies.update(sequence.policies)  # what this sequence learnt is the newest evidence
+            # What this sequence learnt is its partition's newest evidence.
+            self.adaptive_policies.update({_policy_key(sequence.partition, source): policy
+                                           for source, policy in sequence.policies.items()})
         slot = sequence.slot
         cache = slot.cache
         if sequence in self.running:
@@ -335,22 +355,27 @@ class BatchEngine:
         """The k policy of one draft source for this sequence.
 
         The adaptive cost model measures the hardware and that source's acceptance, which outlive a request, so
-        it is kept for the engine's lifetime: a one-slot engine uses it directly; with several slots each
-        sequence works on its own copy (acceptance is per request) and hands it back when it leaves.
+        it is kept for the engine's lifetime, per partition (acceptance is learnt from a partition's text): a
+        one-slot engine uses it directly; with several slots each sequence works on its own copy (acceptance is
+        per request) and hands it back when it leaves.
         """
-        if self.spec.k_policy != "adaptive":
-            owner = sequence.policies
-        elif self.max_running == 1:
-            owner = self.adaptive_policies
-        else:
-            owner = sequence.policies
-            if source not in owner and source in self.adaptive_policies:
-                owner[source] = copy.deepcopy(self.adaptive_policies[source])
-                owner[source].begin_request()
+        key = _policy_key(sequence.partition, source)
+        if self.spec.k_policy == "adaptive" and self.max_running == 1:
+            if key not in self.adaptive_policies:
+                self.adaptive_policies[key] = self._new_policy()
+            return self.adaptive_policies[key]
+        owner = sequence.policies
         if source not in owner:
-            owner[source] = make_policy(self.spec.k_policy, self.spec.num_speculative_tokens,
-                                        self.target.pass_costs)
+            kept = self.adaptive_policies.get(key) if self.spec.k_policy == "adaptive" else None
+            if kept is not None:
+                owner[source] = copy.deepcopy(kept)
+                owner[source].begin_request()
+            else:
+                owner[source] = self._new_policy()
         return owner[source]
+
+    def _new_policy(self):
+        return make_policy(self.spec.k_policy, self.spec.num_speculative_tokens, self.target.pass_costs)
 
     def _choose_drafts(self, deciders: list[RunningSequence], prefill_rows: int,
                        outputs: list[StepOutput]) -> list[tuple[RunningSequence, object, int]]:
@@ -496,6 +521,15 @@ class BatchEngine:
             sequence.finish_reason = finish
             self._leave(sequence, finish, clean=True)
         return StepOutput(sequence.request_id, new_tokens, new_from_draft, delta, finish, stats=stats)
+
+
+def _policy_key(partition: object, source: str | None) -> object:
+    """The key of a kept adaptive policy: its draft source, with its partition where there is one."""
+    return source if partition is None else (partition, source)
+
+
+def _partition_of(key: object) -> object:
+    return key[0] if isinstance(key, tuple) else None
 
 
 def _failed(sequence: RunningSequence, error: BaseException) -> StepOutput:

@@ -29,6 +29,7 @@ class Slot:
         self.retained = RetainedPrefix()  # its group is set at each admission (BatchEngine.add)
         self.drafter = drafter
         self.sequence: RunningSequence | None = None
+        self.partition: object = None  # the cache partition (tenant, salt) whose tokens its caches hold
 
 
 @dataclass
@@ -52,6 +53,7 @@ class RunningSequence:
     plans: PlanLedger = field(default_factory=PlanLedger)  # a deterministic drafter's plans awaiting their tokens
     finish_reason: str | None = None
     tag: object = None  # the caller's handle (a server job)
+    partition: object = None  # who may share its caches: a request reuses only what its own partition left
 
     @property
     def prefilling(self) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hmac
 import logging
 import threading
 import time
@@ -48,6 +47,7 @@ from specdec.server.schemas import (
     sampling_params,
     usage,
 )
+from specdec.server.tenants import TenantKeys
 from specdec.server.worker import EngineWorker, Job, ServerShuttingDown
 
 log = logging.getLogger("specdec.server")
@@ -179,21 +179,25 @@ class ServerState:
 
 
 class APIKeyMiddleware:
-    """Require `Authorization: Bearer <key>` on /v1/*; /health and /metrics stay open (as in vLLM)."""
+    """Require `Authorization: Bearer <key>` on /v1/*; /health and /metrics stay open (as in vLLM). The key names
+    the request's tenant (scope state "tenant"), which partitions every cache shared across requests."""
 
-    def __init__(self, app, api_key: str, metrics: ServerMetrics):
+    def __init__(self, app, tenants: TenantKeys, metrics: ServerMetrics):
         self.app = app
-        self.expected = api_key.encode()
+        self.tenants = tenants
         self.metrics = metrics
 
-    def _authorized(self, scope) -> bool:
+    def _tenant(self, scope) -> str | None:
         header = dict(scope.get("headers") or []).get(b"authorization", b"")
         scheme, _, token = header.strip().partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)
+        return self.tenants.tenant_of(token.strip()) if scheme.lower() == b"bearer" else None
 
     async def __call__(self, scope, receive, send):
         protected = scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS"
-        if protected and not self._authorized(scope):
+        tenant = self._tenant(scope) if protected else None
+        if tenant is not None:
+            scope.setdefault("state", {})["tenant"] = tenant
+        if protected and tenant is None:
             self.metrics.request_error(401)
             body = error_body("Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
                               "invalid_request_error", None, "invalid_api_key")
@@ -223,6 +227,7 @@ def create_app(
     loader: Callable[[], Any] | None = None,
     served_model_name: str | Sequence[str] | None = None,
     api_key: str | None = None,
+    tenants: TenantKeys | None = None,
     on_load_error: Callable[[BaseException], None] | None = None,
     limits: ServerLimits | None = None,
     allowed_hosts: Sequence[str] | None = None,
@@ -262,8 +267,10 @@ def create_app(
     # Outermost last: Host check, then the API key, then the body is read (so nothing unauthorized is read).
     app.add_middleware(RequestBodyGuard, max_bytes=state.limits.max_request_bytes,
                        read_timeout=state.limits.read_timeout, metrics=metrics)
-    if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key, metrics=metrics)
+    if tenants is None and api_key:
+        tenants = TenantKeys.single(api_key)
+    if tenants is not None:
+        app.add_middleware(APIKeyMiddleware, tenants=tenants, metrics=metrics)
     if allowed_hosts is not None:
         app.add_middleware(HostCheckMiddleware, allowed_hosts=allowed_hosts, metrics=metrics)
 
@@ -422,8 +429,18 @@ def _engine_error(exc: BaseException | None) -> APIError:
     return APIError(500, f"generation failed: {type(exc).__name__}: {exc}")
 
 
+def cache_partition(request: Request, req) -> object:
+    """Who may share this request's cross-request caches: the tenant its API key names (never a request field),
+    narrowed by its `cache_salt` or `prompt_cache_key`; None (everything shared) with no keys and no salt."""
+    tenant = getattr(request.state, "tenant", None)
+    salt = req.cache_salt if req.cache_salt is not None else req.prompt_cache_key
+    if salt is None:
+        return tenant
+    return (tenant, salt)
+
+
 async def _respond(state: ServerState, ctx: ResponseContext, prompt_ids, params, req, request: Request):
-    job = Job(prompt_ids, params)
+    job = Job(prompt_ids, params, partition=cache_partition(request, req))
     include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     state.admit()  # the queue may have filled, or shutdown begun, while this request was being tokenized
     state.worker.submit(job)

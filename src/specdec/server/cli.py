@@ -5,15 +5,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
 
 from specdec.cli.flags import model_ref_from_args, spec_from_args
 from specdec.decoder import SpecDecoder
-from specdec.errors import UserError
+from specdec.errors import ConfigError, UserError
 from specdec.server.app import create_app
 from specdec.server.http_protocol import header_deadline_protocol
 from specdec.server.limits import host_check_list, is_loopback
-from specdec.server.options import add_serve_arguments, limits_from_args, ray_requested, served_names
+from specdec.server.options import (
+    add_serve_arguments,
+    limits_from_args,
+    ray_requested,
+    served_names,
+    tenants_from_args,
+)
 from specdec.server.ray_cli import run_ray_serve
 from specdec.server.shutdown import GracefulServer
 
@@ -37,7 +44,8 @@ def run_serve(args: argparse.Namespace) -> int:
     limits = limits_from_args(args)
     if not args.shutdown_grace >= 0:  # inf waits for the running request to finish; nan is refused
         raise UserError(f"--shutdown-grace must be at least 0, got {args.shutdown_grace:g}")
-    allowed_hosts = host_check_list(args.host, args.api_key, args.allowed_hosts)
+    tenants = tenants_from_args(args)
+    allowed_hosts = host_check_list(args.host, args.api_key or args.api_keys, args.allowed_hosts)
     # Everything cheap is checked before minutes are spent loading models.
     ref = dataclasses.replace(model_ref_from_args(args), parallel=args.parallel)
     spec = spec_from_args(args, has_draft_model=ref.draft is not None)
@@ -57,7 +65,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if server_box:
             server_box[0].should_exit = True
 
-    app = create_app(loader=load, served_model_name=served_names(args), api_key=args.api_key,
+    app = create_app(loader=load, served_model_name=served_names(args), tenants=tenants,
                      on_load_error=on_load_error, limits=limits, allowed_hosts=allowed_hosts)
     # The drain (GracefulServer) ends every request; uvicorn's own graceful timeout is only for writing the
     # last bytes of those responses.
@@ -68,10 +76,20 @@ def run_serve(args: argparse.Namespace) -> int:
     together = f"{args.parallel} request{'s' if args.parallel > 1 else ''} generated together (--parallel)"
     print(f"specdec serve: loading {ref.target} (draft: {ref.draft or 'none'}), {together}; listening on "
           f"http://{args.host}:{args.port} (/health is 503 until the models are ready)", file=sys.stderr)
-    if args.api_key is None and not is_loopback(args.host):
+    if tenants is None and not is_loopback(args.host):
         print(f"specdec serve: warning: {args.host} is reachable from other machines and no --api-key is set",
               file=sys.stderr)
+    if tenants is not None and tenants.path is not None:
+        signal.signal(signal.SIGHUP, lambda *_: _reload_keys(tenants))
     server.run()
     if failure:
         raise failure[0] if isinstance(failure[0], Exception) else UserError(str(failure[0]))
     return 0
+
+
+def _reload_keys(tenants) -> None:
+    try:
+        tenants.reload()
+        logging.getLogger("specdec.server").info("API keys re-read from %s", tenants.path)
+    except ConfigError as exc:  # the keys in force stay; the operator reads why in the log
+        logging.getLogger("specdec.server").error("API keys not re-read: %s", exc)

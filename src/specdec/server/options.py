@@ -18,6 +18,7 @@ from specdec.server.limits import (
     DEFAULT_SHUTDOWN_GRACE,
     ServerLimits,
 )
+from specdec.server.tenants import TenantKeys
 
 # Slots when --parallel is not given and the target runs on llama.cpp: llama-server's automatic count (-np -1).
 # Measured on the 2-vCPU AVX-512 EPYC, one client, 30 chat and code prompts (benchmarks/epyc-2core): 4 slots ran
@@ -48,6 +49,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY") or None,
                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY, else no "
                        "authentication)")
+    serve.add_argument("--api-keys", default=None, metavar="FILE",
+                       help="require a key from FILE on /v1/*: one 'TENANT SHA256HEX' per line (the digest of the "
+                       "key: printf %%s KEY | sha256sum; re-read on SIGHUP). Each tenant's requests share caches "
+                       "only with that tenant's (docs/server.md); a request's cache_salt narrows that further")
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="model name(s) clients send in 'model' (default: the target model argument)")
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
@@ -197,3 +202,12 @@ def scaling_from_args(args: argparse.Namespace) -> Scaling:
     replicas = args.replicas if args.replicas is not None else (low if low else 1)
     return Scaling(replicas=replicas, min_replicas=low, max_replicas=high, target_ongoing_requests=target,
                    max_ongoing_requests=most, replica_cpus=cpus)
+
+
+def tenants_from_args(args: argparse.Namespace) -> TenantKeys | None:
+    """The key table --api-key (one tenant) or --api-keys FILE gives; None: no key required."""
+    if args.api_key and args.api_keys:
+        raise UserError("give --api-key or --api-keys, not both")
+    if args.api_keys:
+        return TenantKeys.from_file(args.api_keys)
+    return TenantKeys.single(args.api_key) if args.api_key else None

@@ -55,7 +55,14 @@ from specdec.server import ray_affinity, sse
 from specdec.server.app import create_app
 from specdec.server.errors import APIError, error_body
 from specdec.server.limits import host_check_list, host_name
-from specdec.server.options import Scaling, limits_from_args, scaling_from_args, serve_parser, served_names
+from specdec.server.options import (
+    Scaling,
+    limits_from_args,
+    scaling_from_args,
+    serve_parser,
+    served_names,
+    tenants_from_args,
+)
 from specdec.server.ray_metrics import ReplicaBoard, merged_exposition, summary
 
 log = logging.getLogger("specdec.server.ray")
@@ -116,7 +123,7 @@ def serve_namespace(values: Mapping[str, Any]) -> argparse.Namespace:
 def replica_app_parts(args: argparse.Namespace):
     """What `specdec serve` builds from its arguments: the model ref, spec, names, limits and Host list."""
     limits = limits_from_args(args)
-    allowed_hosts = host_check_list(args.host, args.api_key, args.allowed_hosts)
+    allowed_hosts = host_check_list(args.host, args.api_key or args.api_keys, args.allowed_hosts)
     ref = dataclasses.replace(model_ref_from_args(args), parallel=args.parallel)
     spec = spec_from_args(args, has_draft_model=ref.draft is not None)
     return ref, spec, served_names(args), limits, allowed_hosts
@@ -204,7 +211,7 @@ class SpecdecEngine:
         began = time.perf_counter()
         # Loaded before the constructor returns: Ray Serve sends no request to a replica still loading.
         decoder = await asyncio.to_thread(SpecDecoder.load, ref, spec)
-        self.app = create_app(decoder, served_model_name=names, api_key=args.api_key, limits=limits,
+        self.app = create_app(decoder, served_model_name=names, tenants=tenants_from_args(args), limits=limits,
                               allowed_hosts=allowed_hosts)
         self.state = self.app.state.specdec
         self._lifespan = self.app.router.lifespan_context(self.app)
@@ -334,7 +341,7 @@ class SpecdecIngress:
         self.metrics = metrics
         self.max_request_bytes = int(args.max_request_bytes)
         self.read_timeout = float(args.read_timeout)
-        allowed = host_check_list(args.host, args.api_key, args.allowed_hosts)
+        allowed = host_check_list(args.host, args.api_key or args.api_keys, args.allowed_hosts)
         self.allowed_hosts = None if allowed is None else {host_name(h) for h in allowed}
         self.counters = IngressCounters()
 

@@ -103,6 +103,9 @@ class _GenerationRequest(_StrictModel):
     top_k: int | None = None
     min_p: float | None = None
     ignore_eos: bool | None = None
+    # Narrows who shares this request's caches within its tenant (vLLM's cache_salt; OpenAI's prompt_cache_key
+    # is read the same way when no cache_salt is given): it can never widen sharing beyond the tenant.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     # Accepted and ignored: they do not change what is generated.
     user: str | None = None
     metadata: dict[str, Any] | None = None

@@ -37,9 +37,11 @@ class ServerShuttingDown(RuntimeError):
 class Job:
     """One request's prompt, parameters, cancellation flag and results, shared by handler and worker."""
 
-    def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, loop: asyncio.AbstractEventLoop | None = None,
+                 partition: object = None):
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.params = params
+        self.partition = partition  # the cache partition (tenant, salt): see BatchEngine.add
         self.loop = loop or asyncio.get_running_loop()
         self.outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
         self._cancelled = threading.Event()
@@ -220,7 +222,7 @@ class EngineWorker:
             job.end("abort", job.cancel_error)
             return
         try:
-            sequence = self.batch.add(job.prompt_ids, job.params, tag=job)
+            sequence = self.batch.add(job.prompt_ids, job.params, tag=job, partition=job.partition)
         except Exception as exc:  # noqa: BLE001 - a request the engine refused: reported to its client
             self._finish(job, "error", None)
             job.end("error", exc)
