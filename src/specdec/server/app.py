@@ -106,7 +106,8 @@ class ServerState:
         if self.draining:
             raise APIError(503, SHUTTING_DOWN, code="server_shutting_down")
         if self.load_error is not None:
-            raise APIError(503, f"the model failed to load: {self.load_error}")
+            # The reason is in the server log (and the CLI's exit message), not in responses: it names paths.
+            raise APIError(503, "the model failed to load; the server log says why")
         if not self.ready:
             raise APIError(503, "the model is still loading; retry when /health returns 200")
 
@@ -178,9 +179,13 @@ class ServerState:
         return out
 
 
+KEYED_PATHS = ("/metrics", "/redoc", "/openapi.json")  # with /docs*: a key holder's, as /v1/* is
+
+
 class APIKeyMiddleware:
-    """Require `Authorization: Bearer <key>` on /v1/*; /health and /metrics stay open (as in vLLM). The key names
-    the request's tenant (scope state "tenant"), which partitions every cache shared across requests."""
+    """Require `Authorization: Bearer <key>` on /v1/* and on what describes the server (/metrics, /docs, /redoc,
+    /openapi.json); /health stays open for load balancers. The key names the request's tenant (scope state
+    "tenant"), which partitions every cache shared across requests."""
 
     def __init__(self, app, tenants: TenantKeys, metrics: ServerMetrics):
         self.app = app
@@ -193,7 +198,9 @@ class APIKeyMiddleware:
         return self.tenants.tenant_of(token.strip()) if scheme.lower() == b"bearer" else None
 
     async def __call__(self, scope, receive, send):
-        protected = scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS"
+        path = scope.get("path", "")
+        protected = scope["type"] == "http" and scope["method"] != "OPTIONS" and (
+            path.startswith("/v1") or path in KEYED_PATHS or path.startswith("/docs"))
         tenant = self._tenant(scope) if protected else None
         if tenant is not None:
             scope.setdefault("state", {})["tenant"] = tenant
@@ -300,7 +307,7 @@ def create_app(
     async def _internal_error(request: Request, exc: Exception):
         log.exception("unhandled error")
         metrics.request_error(500)
-        return JSONResponse(error_body(f"internal server error: {type(exc).__name__}", "server_error"), 500)
+        return JSONResponse(error_body("internal server error (the server log has the details)", "server_error"), 500)
 
     # ----------------------------------------------------------------------------------------- routes
     # `responses` declares what each route really answers in /openapi.json: errors in OpenAI's shape
@@ -314,7 +321,8 @@ def create_app(
         if state.ready:
             return JSONResponse({"status": "ok"})
         if state.load_error is not None:
-            return JSONResponse({"status": "error", "message": str(state.load_error)}, status_code=503)
+            return JSONResponse({"status": "error", "message": "the model failed to load; the server log says why"},
+                                status_code=503)
         return JSONResponse({"status": "loading"}, status_code=503)
 
     @app.get("/metrics", response_class=PlainTextResponse,
@@ -426,7 +434,8 @@ def _engine_error(exc: BaseException | None) -> APIError:
         return APIError(400, str(exc), code="context_length_exceeded")
     if isinstance(exc, ValueError):
         return bad_request(str(exc))
-    return APIError(500, f"generation failed: {type(exc).__name__}: {exc}")
+    log.error("generation failed", exc_info=exc)  # the detail goes to the log, not to a client
+    return APIError(500, "generation failed (an internal error; the server log has the details)")
 
 
 def cache_partition(request: Request, req) -> object:
