@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.config import ConfigError
 from specdec.distill.data import DistillExample
@@ -115,6 +114,8 @@ def load_trainable_draft(reference: str, dtype: str = "fp32"):
     Uses the model references of specdec.loading.models (hub id, directory, .gguf, the packaged default draft and its
     cached transformers copy), but none of the inference-only weight formats (packed or int8 linears).
     """
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # slow to import: here, not at CLI start
+
     reference = "default-draft" if reference == "default" else reference
     resolved = resolve(reference)
     gguf_path = Path(resolved.source) / resolved.gguf_file if resolved.gguf_file else None

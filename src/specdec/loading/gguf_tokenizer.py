@@ -16,8 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
 
 class TokenizerBuildError(RuntimeError):
     """The GGUF's tokenizer could not be converted; the message says why."""
@@ -33,6 +31,8 @@ def cached_tokenizer_dir(gguf_path: Path, cache_root: Path) -> Path:
 
 def convert(gguf_path: Path, out_dir: Path) -> None:
     """Build the tokenizer from the GGUF's metadata with transformers and save it (in this process)."""
+    from transformers import AutoTokenizer  # slow to import: here, not at CLI start
+
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     partial = out_dir.with_name(out_dir.name + ".partial")
     tokenizer.save_pretrained(partial)
@@ -42,6 +42,8 @@ def convert(gguf_path: Path, out_dir: Path) -> None:
 
 def load_gguf_tokenizer(gguf_path: str | os.PathLike, cache_root: Path):
     """The GGUF's tokenizer, converting it in a child process the first time."""
+    from transformers import AutoTokenizer  # slow to import: here, not at CLI start
+
     gguf_path = Path(gguf_path)
     out_dir = cached_tokenizer_dir(gguf_path, cache_root)
     if not (out_dir / "tokenizer_config.json").exists():

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.backends.base import ModelBackend, embeddable_ids
 from specdec.backends.llamacpp.backend import LlamaCppBackend, LlamaCppUnavailable, llama_cpp_module
@@ -282,6 +281,8 @@ def _load_torch(
     reference: str, resolved: ResolvedModel, weight_format: str, max_context: int, role: str, threads: int | None,
     device: str = "auto",
 ) -> TransformersBackend:
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # slow to import: here, not at CLI start
+
     if threads:
         torch.set_num_threads(threads)
     target_device = torch_device(device)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from transformers.utils import logging as hf_logging
-
 LONG_WORK_SECONDS = 2.0
 
 
@@ -26,6 +24,8 @@ def long_work_bars():
 
     A transformers without the hook (older than 5) keeps its bars as they are.
     """
+    from transformers.utils import logging as hf_logging  # slow to import: here, not at CLI start
+
     set_hook = getattr(hf_logging, "set_tqdm_hook", None)
     if set_hook is None:
         yield

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 DUMMY_VOCAB = 152064  # Qwen2.5-7B's (the 0.5B and 1.5B checkpoints pad to 151936); one size for every shape
 EMBED_SCALE = 16.0
@@ -50,6 +49,8 @@ SHAPES = {
 
 def dummy_config(shape: str, vocab: int = DUMMY_VOCAB, max_positions: int = 32768):
     """A Qwen2Config of the named shape (untied LM head: the successor rule needs its own head)."""
+    from transformers import Qwen2Config  # slow to import: here, not at CLI start
+
     if shape not in SHAPES:
         raise ValueError(f"unknown dummy shape {shape!r}; choose from {', '.join(SHAPES)}")
     s = SHAPES[shape]
@@ -70,6 +71,8 @@ def build_dummy_model(shape: str, device: str | torch.device = "cpu", dtype: tor
                       successor: torch.Tensor | None = None, seed: int = 0, vocab: int = DUMMY_VOCAB,
                       max_positions: int = 32768):
     """A Qwen2ForCausalLM of `shape`, random weights made on `device` in `dtype`, with the successor rule."""
+    from transformers import Qwen2ForCausalLM  # slow to import: here, not at CLI start
+
     config = dummy_config(shape, vocab, max_positions)
     successor = successor_table(vocab) if successor is None else successor
     torch.manual_seed(seed)

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
-import transformers
 from torch.profiler import ProfilerActivity, profile
 
 from specdec.bench.gpu.dummy import weight_bytes
@@ -99,6 +98,8 @@ def copy_bandwidth(device: torch.device, megabytes: int = 1024, repeats: int = 1
 
 
 def environment(device: torch.device) -> dict:
+    import transformers  # slow to import: here, not at CLI start
+
     env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
            "device": str(device), "platform": platform.platform()}
     if device.type == "cuda":

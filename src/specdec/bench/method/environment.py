@@ -6,7 +6,6 @@ import os
 import platform
 
 import torch
-import transformers
 
 from specdec.host.native_build import cpu_model
 from specdec.version import __version__
@@ -14,6 +13,8 @@ from specdec.version import __version__
 
 def environment(decoder, weight_format: str | None = None) -> dict:
     """Versions and hardware, so results from different machines are never compared blindly."""
+    import transformers  # slow to import: here, not at CLI start
+
     def describe(backend):
         if backend is None:
             return None

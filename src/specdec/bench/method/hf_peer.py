@@ -15,8 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
-from transformers.utils import logging as hf_logging
 
 from specdec.config import SamplingParams
 from specdec.core.stats import SpecStats
@@ -33,6 +31,8 @@ class HFRun:
 
 def _clean_generation_config(**fields):
     """A GenerationConfig holding only what we set: nothing (repetition penalty, top-k...) leaks from the model's."""
+    from transformers import GenerationConfig  # slow to import: here, not at CLI start
+
     return GenerationConfig(**{k: v for k, v in fields.items() if v is not None})
 
 
@@ -52,6 +52,8 @@ def _swapped_generation_config(model, config):
 
 @contextlib.contextmanager
 def _quiet_transformers():
+    from transformers.utils import logging as hf_logging  # slow to import: here, not at CLI start
+
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
