@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import torch
 
 from specdec.backends.kvcache import ContextOverflowError, KVCache
+from specdec.core.sampling import greedy_tokens
 
 
 @dataclass
@@ -181,7 +182,7 @@ def forward_greedy_in_slices(backend: ModelBackend, rows: BatchRows, slice_rows:
             chunk = list(rows.tokens[lo : lo + slice_rows])
             logits = backend.forward_batch([BatchRows(chunk, cache, len(chunk))])[0]
             parts.append(logits)
-            choices = logits.argmax(dim=-1).tolist()
+            choices = greedy_tokens(logits).tolist()
             if any(choice != proposed[lo + i] for i, choice in enumerate(choices) if lo + i < len(proposed)):
                 break
     except BaseException:

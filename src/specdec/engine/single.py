@@ -38,16 +38,25 @@ class SpeculativeEngine:
         prefix_cache: bool | None = None,
     ):
         self.batch = BatchEngine(target, drafter, spec, decode, prefix_cache, max_running=1)
-        self.target = target
-        self.spec = self.batch.spec
-        self.decode = self.batch.decode
 
     @classmethod
     def on(cls, batch: BatchEngine) -> "SpeculativeEngine":
         """One request at a time on an existing batch engine (its slots, caches and learnt policies)."""
         engine = cls.__new__(cls)
-        engine.batch, engine.target, engine.spec, engine.decode = batch, batch.target, batch.spec, batch.decode
+        engine.batch = batch
         return engine
+
+    @property
+    def target(self):
+        return self.batch.target
+
+    @property
+    def spec(self) -> SpecConfig:
+        return self.batch.spec
+
+    @property
+    def decode(self) -> Callable[[Sequence[int]], str]:
+        return self.batch.decode
 
     @property
     def drafter(self) -> Drafter | None:
