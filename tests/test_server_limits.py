@@ -16,7 +16,13 @@ import httpx
 from fastapi.testclient import TestClient
 
 from specdec.server import create_app
-from specdec.server.request_limits import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, prompt_char_limit
+from specdec.server.request_limits import (
+    MAX_CHAT_MESSAGES,
+    MAX_CONTENT_PARTS,
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+    prompt_char_limit,
+)
 from test_server import MAX_CONTEXT, LiveServer, make_decoder, tiny_tokenizer
 
 CHAT = "/v1/chat/completions"
@@ -45,9 +51,9 @@ def client(target_model, draft_model, tokenized):
         tokenized.append(len(prompt))
         return encode(prompt, *args, **kwargs)
 
-    def recording_encode_chat(messages):
+    def recording_encode_chat(messages, *args, **kwargs):
         tokenized.append(sum(len(m["content"]) for m in messages))
-        return encode_chat(messages)
+        return encode_chat(messages, *args, **kwargs)
 
     decoder.encode, decoder.encode_chat = recording_encode, recording_encode_chat
     with TestClient(create_app(decoder, served_model_name="tiny")) as c:
@@ -119,11 +125,49 @@ def test_text_too_long_for_the_context_is_refused_without_tokenizing(client, tok
     assert str(PROMPT_LIMIT) in error["message"]
     assert tokenized == []  # refused by its length: the tokenizer never saw it
     # One character less is tokenized and served (here it is a single token): the bound refuses nothing that fits.
+    # A chat's bound counts the template's text too, so its content is that much shorter.
+    overhead = 0 if path == COMPLETIONS else len(template_text(client, [{"role": "user", "content": ""}]))
     fitting = {"prompt": one_token_text(PROMPT_LIMIT)} if path == COMPLETIONS else {
-        "messages": [{"role": "user", "content": one_token_text(PROMPT_LIMIT)}]}
+        "messages": [{"role": "user", "content": one_token_text(PROMPT_LIMIT - overhead)}]}
     served, _ = post(client, path, {**fitting, "max_tokens": 2})
     assert served.status_code == 200, served.text
-    assert tokenized == [PROMPT_LIMIT]
+    assert tokenized == [PROMPT_LIMIT - overhead]
+
+
+def template_text(client, messages) -> str:
+    tokenizer = client.app.state.specdec.decoder.tokenizer
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_the_chat_templates_expansion_counts_before_tokenizing(client, tokenized):
+    """Many short messages: their contents fit the bound, the template's role markers around each do not. The
+    server renders the template and refuses the text by its length, untokenized (240k one-character messages
+    once expanded to 1.44M tokens and held the tokenizer 9.5 s)."""
+    messages = [{"role": "user", "content": one_token_text(12)}] * MAX_CHAT_MESSAGES
+    assert sum(len(m["content"]) for m in messages) <= PROMPT_LIMIT < len(template_text(client, messages))
+    tokenized.clear()
+    error = assert_quick_error(*post(client, CHAT, {"messages": messages, "max_tokens": 2}), 400, "messages",
+                               "context_length_exceeded")
+    assert "chat template" in error["message"]
+    assert tokenized == [sum(len(m["content"]) for m in messages)]  # handed to encode_chat, which refused it
+    # Within the bound the same messages are served: the check counts, it does not refuse chats as such.
+    served, _ = post(client, CHAT, {"messages": messages[:8], "max_tokens": 2})
+    assert served.status_code == 200, served.text
+
+
+def test_more_messages_or_parts_than_the_caps_are_refused_by_count(client, tokenized):
+    tokenized.clear()
+    too_many = [{"role": "user", "content": "w1"}] * (MAX_CHAT_MESSAGES + 1)
+    error = assert_quick_error(*post(client, CHAT, {"messages": too_many}), 400, "messages")
+    assert str(MAX_CHAT_MESSAGES) in error["message"]
+    parts = [{"type": "text", "text": "w1"}] * (MAX_CONTENT_PARTS + 1)
+    error = assert_quick_error(*post(client, CHAT, {"messages": [{"role": "user", "content": parts}]}), 400,
+                               "messages.0.content")
+    assert str(MAX_CONTENT_PARTS) in error["message"]
+    assert tokenized == []
+    at_cap = [{"type": "text", "text": "w1"}] + [{"type": "text", "text": " "}] * (MAX_CONTENT_PARTS - 1)
+    served, _ = post(client, CHAT, {"messages": [{"role": "user", "content": at_cap}], "max_tokens": 2})
+    assert served.status_code == 200, served.text
 
 
 @pytest.mark.parametrize("route", ["completion", "chat"])
@@ -220,3 +264,23 @@ def test_a_message_without_text_content_is_refused(client, message):
     body = {"messages": [USER, message, USER], "max_tokens": 2}
     error = assert_quick_error(*post(client, CHAT, body), 400, "messages.1.content")
     assert "content" in error["message"]
+
+
+# --------------------------------------------------------------------------------------------- body structure
+
+
+def test_bodies_of_too_many_json_values_are_refused_unparsed(client, tokenized):
+    """240k one-character messages (7 MiB) or 300k token ids fit the byte limit but would cost seconds and
+    gigabytes to parse and validate: refused by their count (413) before any parser runs."""
+    tokenized.clear()
+    cap = client.app.state.specdec.limits.max_body_values
+    bodies = [{"messages": [{"role": "user", "content": "x"}] * 240_000}, {"prompt": [1] * (cap + 1)}]
+    for body in bodies:
+        error = assert_quick_error(*post(client, COMPLETIONS if "prompt" in body else CHAT, body), 413,
+                                   code="too_many_json_values")
+        assert str(cap) in error["message"]
+    assert tokenized == []
+    # The count skips text: as many commas and brackets inside a string are not values, and the request is
+    # refused for what it is (too long for the context), not for its structure.
+    commas = {"prompt": "[a, {b}], " * (cap // 2), "max_tokens": 2}
+    assert_quick_error(*post(client, COMPLETIONS, commas), 400, "prompt", "context_length_exceeded")

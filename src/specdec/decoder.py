@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from specdec.config import ModelRef, SamplingParams, SpecConfig
 from specdec.drafters import create_drafter
@@ -69,10 +69,14 @@ class SpecDecoder:
             return self.encode_chat(messages)
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
-    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict], check_text: Callable[[str], None] | None = None) -> list[int]:
+        """Apply the chat template and tokenize; `check_text` sees the templated text first and may refuse it
+        (raise), so text that cannot fit is never tokenized."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model's tokenizer has no chat template; use a completion prompt")
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        if check_text is not None:
+            check_text(text)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig | None = None) -> Generation:

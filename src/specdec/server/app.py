@@ -3,7 +3,7 @@
 `create_app(decoder)` serves an already-built SpecDecoder; `create_app(loader=...)` starts
 answering at once (/health is 503) and loads the models on a background thread (/health 200 when
 ready). Requests are validated on the event loop (text too long to fit the context is refused by its
-length; the rest is tokenized on a helper thread, so a huge prompt never stalls the loop), then queued
+length; the rest is tokenized on helper threads, so a huge prompt never stalls the loop), then queued
 for the engine worker, which generates up to `limits.parallel` of them together. `ServerState.drain` is the graceful shutdown.
 """
 
@@ -29,7 +29,8 @@ from specdec.server import sse
 from specdec.server.errors import APIError, bad_request, error_body, error_responses, unsupported
 from specdec.server.limits import HostCheckMiddleware, RequestBodyGuard, ServerLimits, queue_full
 from specdec.server.metrics import ServerMetrics
-from specdec.server.request_limits import check_prompt_chars
+from specdec.server.pacing import TokenPacer
+from specdec.server.request_limits import check_prompt_chars, check_rendered_chars
 from specdec.server.schemas import (
     GENERATION_200_DESCRIPTION,
     SSE_RESPONSE,
@@ -54,6 +55,8 @@ log = logging.getLogger("specdec.server")
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DISCONNECT_POLL_SECONDS = 0.2
+# Prompts longer than this (characters; ~4k tokens of English) are tokenized on the long lane (ServerState.prepare).
+SHORT_PROMPT_CHARS = 16384
 DRAIN_POLL_SECONDS = 0.05
 SHUTTING_DOWN = "the server is shutting down; retry later or on another instance"
 
@@ -69,7 +72,7 @@ class ServerState:
         self.limits = limits or ServerLimits()
         self.draining = False
         self.preparing = 0  # requests being tokenized: they count against max_queue like queued ones
-        self._prepare_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._prepare_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self.created = int(time.time())
         self.decoder = None
         self.engine = None
@@ -118,15 +121,19 @@ class ServerState:
         if self.worker.num_waiting + self.preparing >= self.limits.max_queue:
             raise queue_full(self.limits.max_queue)
 
-    async def prepare(self, fn: Callable[..., Any], *args) -> Any:
-        """Admit a request, then run its CPU work of unbounded size (tokenizing, chat templates) on one
-        helper thread, so the event loop keeps answering /health and writing streams meanwhile."""
+    async def prepare(self, chars: int, fn: Callable[..., Any], *args) -> Any:
+        """Admit a request, then run its CPU work (tokenizing, the chat template: in proportion to its `chars`,
+        bounded by the context) on a helper thread, so the event loop keeps answering /health and writing
+        streams meanwhile. Long prompts take turns on a lane of their own: however many of them come, a short
+        one never waits behind them (the tokenizer releases the GIL, so the lanes run side by side)."""
         self.admit()
-        if self._prepare_pool is None:
-            self._prepare_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="specdec-prepare")
+        lane = "long" if chars > SHORT_PROMPT_CHARS else "short"
+        if lane not in self._prepare_pools:
+            self._prepare_pools[lane] = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"specdec-prepare-{lane}")
         self.preparing += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(self._prepare_pools[lane], fn, *args)
         finally:
             self.preparing -= 1
 
@@ -153,9 +160,9 @@ class ServerState:
             await asyncio.sleep(DRAIN_POLL_SECONDS)
 
     def close_prepare_pool(self) -> None:
-        if self._prepare_pool is not None:
-            self._prepare_pool.shutdown(wait=False, cancel_futures=True)
-            self._prepare_pool = None
+        for pool in self._prepare_pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._prepare_pools.clear()
 
     def check_model(self, model: str | None) -> str:
         if not model:
@@ -273,7 +280,8 @@ def create_app(
     app.state.specdec = state
     # Outermost last: Host check, then the API key, then the body is read (so nothing unauthorized is read).
     app.add_middleware(RequestBodyGuard, max_bytes=state.limits.max_request_bytes,
-                       read_timeout=state.limits.read_timeout, metrics=metrics)
+                       read_timeout=state.limits.read_timeout, metrics=metrics,
+                       max_values=state.limits.max_body_values)
     if tenants is None and api_key:
         tenants = TenantKeys.single(api_key)
     if tenants is not None:
@@ -358,7 +366,7 @@ def create_app(
             # Refused by length first: a text that cannot fit would hold the tokenizer thread, and every
             # request queued behind it there, for as long as tokenizing it takes.
             check_prompt_chars(len(prompt), state.engine.target.max_context, "prompt")
-            prompt_ids = await state.prepare(_encode_prompt, state, prompt)
+            prompt_ids = await state.prepare(len(prompt), _encode_prompt, state, prompt)
         else:
             prompt_ids = prompt  # token ids: _check_fits refuses a list too long by its length alone
         _check_fits(state, prompt_ids, params, "prompt")
@@ -375,8 +383,10 @@ def create_app(
         messages = chat_messages(req)
         text_chars = sum(len(m["content"]) + len(m.get("name", "")) for m in messages)
         check_prompt_chars(text_chars, state.engine.target.max_context, "messages")
+        max_context = state.engine.target.max_context
         try:
-            prompt_ids = await state.prepare(state.decoder.encode_chat, messages)
+            prompt_ids = await state.prepare(text_chars, state.decoder.encode_chat, messages,
+                                             lambda text: check_rendered_chars(len(text), max_context))
         except APIError:
             raise
         except (ValueError, TypeError) as exc:
@@ -489,7 +499,12 @@ def _usage(job: Job) -> dict[str, Any]:
 
 async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, include_usage: bool):
     """SSE events: text deltas as the engine accepts them (several tokens per event is normal), then the
-    finish chunk carrying `specdec` stats, the usage chunk if asked for, and `data: [DONE]`."""
+    finish chunk carrying `specdec` stats, the usage chunk if asked for, and `data: [DONE]`. With
+    --stream-tokens-per-event N the deltas come N tokens to an event instead (pacing.TokenPacer)."""
+    pacer = None
+    if state.limits.stream_tokens_per_event is not None:
+        eos = frozenset() if job.params.ignore_eos else state.engine.target.eos_token_ids
+        pacer = TokenPacer(state.limits.stream_tokens_per_event, state.engine.decode, job.params.stop, eos)
     try:
         if ctx.kind == "chat":
             yield sse.event(ctx.chunk("", role=True, include_usage=include_usage))
@@ -499,8 +514,8 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
                 state.metrics.request_error(error.status)
                 yield sse.event(error.body())
                 continue
-            if output.text:
-                yield sse.event(ctx.chunk(output.text, include_usage=include_usage))
+            for text in (pacer.feed(output) if pacer is not None else [output.text] if output.text else []):
+                yield sse.event(ctx.chunk(text, include_usage=include_usage))
             if output.finish_reason is not None:  # the last output: the request's end, after its accounting
                 stats = state.specdec_stats(job)
                 if output.finish_reason in ("stop", "length"):

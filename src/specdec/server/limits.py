@@ -10,11 +10,16 @@ from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
 
+from specdec.server.body_scan import may_exceed, structure_counts
 from specdec.server.errors import APIError
 from specdec.server.metrics import ServerMetrics
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_QUEUE = 64
+# Array items and object members one body may hold. The largest request the server can serve holds a prompt of
+# token ids up to the context, or 2048 messages; a body of millions of one-character values would cost seconds
+# and gigabytes to parse and validate before any other limit applied, so it is refused, counted unparsed.
+DEFAULT_MAX_BODY_VALUES = 1 << 18
 DEFAULT_READ_TIMEOUT = 30.0
 DEFAULT_SHUTDOWN_GRACE = 10.0
 QUEUE_FULL_RETRY_AFTER_SECONDS = 5
@@ -23,19 +28,26 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """How much one client may ask of the server: body size, queued requests, seconds to send a request; and how
-    many requests generate together."""
+    """How much one client may ask of the server: body size and values, queued requests, seconds to send a
+    request; how many requests generate together, and how streamed tokens are grouped into events."""
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_queue: int = DEFAULT_MAX_QUEUE
     read_timeout: float = DEFAULT_READ_TIMEOUT
     parallel: int = 1  # requests generated together (llama-server's -np, vLLM's --max-num-seqs)
+    max_body_values: int = DEFAULT_MAX_BODY_VALUES
+    # Streamed deltas regrouped N tokens to an event (pacing.TokenPacer), None: as the engine accepts them.
+    stream_tokens_per_event: int | None = None
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
             raise ValueError(f"parallel must be at least 1, got {self.parallel}")
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be at least 1, got {self.max_request_bytes}")
+        if self.max_body_values < 1:
+            raise ValueError(f"max_body_values must be at least 1, got {self.max_body_values}")
+        if self.stream_tokens_per_event is not None and self.stream_tokens_per_event < 1:
+            raise ValueError(f"stream_tokens_per_event must be at least 1, got {self.stream_tokens_per_event}")
         if self.max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {self.max_queue}")
         if not 0 < self.read_timeout < float("inf"):
@@ -128,13 +140,16 @@ class _ClientGone(Exception):
 
 class RequestBodyGuard:
     """Read each request body in full before the app sees it: over `max_bytes` (by Content-Length or as it
-    streams in) is 413, not all there within `read_timeout` seconds is 408. The app then gets the body from
-    memory, so a slow or oversized upload never ties up a handler."""
+    streams in) is 413, not all there within `read_timeout` seconds is 408, more than `max_values` JSON items
+    and members (counted unparsed, body_scan) is 413. The app then gets the body from memory, so a slow or
+    oversized upload never ties up a handler, and its parser never builds millions of values."""
 
-    def __init__(self, app, max_bytes: int, read_timeout: float, metrics: ServerMetrics):
+    def __init__(self, app, max_bytes: int, read_timeout: float, metrics: ServerMetrics,
+                 max_values: int = DEFAULT_MAX_BODY_VALUES):
         self.app = app
         self.max_bytes = max_bytes
         self.read_timeout = read_timeout
+        self.max_values = max_values
         self.metrics = metrics
 
     async def __call__(self, scope, receive, send):
@@ -157,6 +172,16 @@ class RequestBodyGuard:
             return
         except _ClientGone:
             return
+        if may_exceed(body, self.max_values):
+            for count in structure_counts(body):
+                if count > self.max_values:
+                    self.metrics.request_error(413)
+                    await _send_error(scope, receive, send, 413,
+                                      f"the request body holds more than {self.max_values} JSON values (array items "
+                                      f"and object members); this server parses at most {self.max_values}: send "
+                                      f"fewer messages, parts or token ids", "too_many_json_values")
+                    return
+                await asyncio.sleep(0)  # one window at a time: other requests are answered in between
         replayed = False
 
         async def replay():

@@ -74,6 +74,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE, metavar="SECONDS",
                        help="on SIGTERM/SIGINT, time the running request gets to finish before it is ended with an "
                        f"error event (default {DEFAULT_SHUTDOWN_GRACE:g})")
+    serve.add_argument("--stream-tokens-per-event", type=int, default=None, metavar="N",
+                       help="send streamed text N tokens to an event (the last one fewer), whatever the drafts "
+                       "accepted, so the event pattern does not show speculation's accepted lengths to someone "
+                       "watching the network; costs up to N-1 tokens of delay per event (docs/server.md). "
+                       "Default: each step's tokens as soon as they are accepted")
     serve.add_argument("--allowed-hosts", nargs="+", default=None, metavar="HOST",
                        help="Host header names accepted (any port), checked against DNS rebinding. Default: "
                        "localhost, 127.0.0.1 and [::1] when bound to loopback without --api-key, else no check; "
@@ -99,15 +104,19 @@ def served_names(args: argparse.Namespace) -> list[str]:
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
-    """The request limits --max-request-bytes, --max-queue, --read-timeout and --parallel give, checked."""
+    """The request limits --max-request-bytes, --max-queue, --read-timeout, --parallel and
+    --stream-tokens-per-event give, checked."""
     for flag, value in (("--max-request-bytes", args.max_request_bytes), ("--max-queue", args.max_queue),
-                        ("--parallel", 1 if args.parallel is None else args.parallel)):
+                        ("--parallel", 1 if args.parallel is None else args.parallel),
+                        ("--stream-tokens-per-event", 1 if args.stream_tokens_per_event is None
+                         else args.stream_tokens_per_event)):
         if value < 1:
             raise UserError(f"{flag} must be at least 1, got {value}")
     if not 0 < args.read_timeout < math.inf:
         raise UserError(f"--read-timeout must be positive, got {args.read_timeout:g}")
     # The cheap checks above come first; an unset --parallel then asks where the target would run.
-    return ServerLimits(args.max_request_bytes, args.max_queue, args.read_timeout, resolved_parallel(args))
+    return ServerLimits(args.max_request_bytes, args.max_queue, args.read_timeout, resolved_parallel(args),
+                        stream_tokens_per_event=args.stream_tokens_per_event)
 
 
 @dataclasses.dataclass(frozen=True)

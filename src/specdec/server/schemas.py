@@ -6,6 +6,7 @@ nothing the document does not declare (no type coercion: "3" is not an integer, 
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -16,7 +17,12 @@ from pydantic_core import PydanticCustomError
 
 from specdec.config import ConfigError, SamplingParams
 from specdec.server.errors import bad_request, unsupported
-from specdec.server.request_limits import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
+from specdec.server.request_limits import (
+    MAX_CHAT_MESSAGES,
+    MAX_CONTENT_PARTS,
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+)
 
 # ---------------------------------------------------------------------------------------------------------
 # Requests
@@ -47,7 +53,15 @@ def lone_surrogate_path(value: Any) -> str | None:
     ("messages.0.content"; a bad key: the object holding it, "" for the top level), or None.
 
     JSON's \\ud800 escapes decode to lone UTF-16 surrogates, which no tokenizer, chat template or
-    UTF-8 writer accepts. Iterative, because a body may nest deeper than Python's recursion limit."""
+    UTF-8 writer accepts. Iterative, because a body may nest deeper than Python's recursion limit. Almost every
+    body has none: one C-speed encoding of the whole value says so, and only a body that fails it is walked."""
+    try:
+        json.dumps(value, ensure_ascii=False, check_circular=False).encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        pass
+    except (TypeError, ValueError, RecursionError):  # not plain JSON data, or nested deeper than dumps goes: walk it
+        pass
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         item, path = stack.pop()
@@ -117,6 +131,9 @@ class _GenerationRequest(_StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if isinstance(messages, list) and len(messages) > MAX_CHAT_MESSAGES:
+            return data  # refused by its length next (too_long), without reading its text first
         path = lone_surrogate_path(data)
         if path is not None:
             where = f"'{path}'" if path else "the request body"
@@ -136,7 +153,7 @@ class CompletionRequest(_GenerationRequest):
 
 class ChatMessage(_StrictModel):
     role: ChatRole  # "developer" is the newer name of "system"
-    content: str | list[dict[str, Any]]
+    content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_CONTENT_PARTS)]
     name: str | None = None
 
     @field_validator("role", mode="before")
@@ -158,7 +175,7 @@ class ChatMessage(_StrictModel):
 
 
 class ChatCompletionRequest(_GenerationRequest):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_CHAT_MESSAGES)]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
