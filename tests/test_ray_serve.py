@@ -42,14 +42,36 @@ def test_affinity_key_prefers_the_session_header_then_openai_fields_then_the_con
     assert ray_affinity.affinity_key([(b"X-Session-ID", b"s1")], body) == ray_affinity.affinity_key(
         {"x-session-id": "s1"}, None)
     assert ray_affinity.affinity_key({}, json.dumps({**chat, "user": "u"}).encode()).startswith("user:")
-    assert ray_affinity.affinity_key({}, json.dumps({**chat, "user": "u", "prompt_cache_key": "p"}).encode()
-                                     ).startswith("prompt_cache_key:")
+    # prompt_cache_key names the conversation and narrows its cache partition, as on the replicas.
+    keyed = ray_affinity.affinity_key({}, json.dumps({**chat, "user": "u", "prompt_cache_key": "p"}).encode())
+    assert keyed.startswith("partitioned:") and keyed == ray_affinity.affinity_key(
+        {}, json.dumps({**later, "prompt_cache_key": "p"}).encode())
     long_prompt = "x" * 300
     assert ray_affinity.affinity_key({}, json.dumps({"prompt": long_prompt}).encode()) == ray_affinity.affinity_key(
         {}, json.dumps({"prompt": long_prompt + " and more"}).encode())
     assert ray_affinity.affinity_key({}, json.dumps({"prompt": [[1, 2, 3]]}).encode()).startswith("tokens:")
     for unkeyed in (b"", b"{oops", b"[1]", json.dumps({"messages": [{"role": "system", "content": "s"}]}).encode()):
         assert ray_affinity.affinity_key({}, unkeyed) is None
+
+
+def test_affinity_keys_are_taken_within_the_tenants_partition():
+    """Another tenant sending the victim's opening (or session id) must not be routed by it: the same
+    conversation under two tenants gets two unrelated keys, and within one tenant it keeps one key."""
+    chat = json.dumps({"messages": [{"role": "user", "content": "Door PIN: 4831"}]}).encode()
+    victim, attacker = (ray_affinity.affinity_key({}, chat, tenant) for tenant in ("alice", "mallory"))
+    assert victim != attacker and victim == ray_affinity.affinity_key({}, chat, "alice")
+    assert ray_affinity.affinity_key({}, chat, None) not in (victim, attacker)  # no keys: today's key
+    session = {"x-session-id": "s1"}
+    assert ray_affinity.affinity_key(session, None, "alice") != ray_affinity.affinity_key(session, None, "mallory")
+    salted = json.dumps({"messages": [{"role": "user", "content": "Door PIN: 4831"}], "cache_salt": "x"}).encode()
+    assert ray_affinity.affinity_key({}, salted, "alice") not in (victim, attacker)
+    # Unrelated: across 300 openings the two tenants' first choices of replica agree about as often as chance.
+    agree = 0
+    for i in range(300):
+        body = json.dumps({"messages": [{"role": "user", "content": f"opening {i}"}]}).encode()
+        a, b = (ray_affinity.affinity_key({}, body, t) for t in ("alice", "mallory"))
+        agree += ray_affinity.rank(a, ["r1", "r2"])[0] == ray_affinity.rank(b, ["r1", "r2"])[0]
+    assert 110 < agree < 190
 
 
 def test_rendezvous_order_is_stable_and_moves_only_the_keys_of_a_removed_replica():
@@ -166,6 +188,11 @@ def test_the_serve_run_builder_takes_specdec_serve_flags():
     auto = engine_options(scaling_from_args(_serve_args("m.gguf", "--max-replicas", "4")), 10.0)
     assert "num_replicas" not in auto and auto["autoscaling_config"].max_replicas == 4
     assert ENGINE == "SpecdecEngine"
+    # Bounded: the ingress holds what the replicas may run plus --max-queue waiting (429 beyond).
+    from specdec.server.ray_serve import in_flight_bound
+
+    scaling = scaling_from_args(_serve_args("m.gguf", "--max-replicas", "4", "--parallel", "2"))
+    assert in_flight_bound(scaling, 5) == 4 * 3 + 5
 
 
 def test_run_asgi_relays_an_apps_response_and_cancels_it_when_the_caller_leaves():
@@ -206,6 +233,26 @@ def test_run_asgi_relays_an_apps_response_and_cancels_it_when_the_caller_leaves(
     ended.clear()
     assert asyncio.run(leave_early())[1] == ("body", b"123", True) and ended == [True]
 
+    # An app that tells when its model work begins (from another thread, as the engine worker does): the
+    # runner says so once, between the messages it was sent before and after.
+    from specdec.server.app import WORK_STARTED
+
+    async def working_app(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        hook = scope["state"][WORK_STARTED]
+        await asyncio.to_thread(hook)
+        await asyncio.to_thread(hook)
+        await asyncio.sleep(0.01)
+        await send({"type": "http.response.body", "body": b"done", "more_body": False})
+
+    async def collect(app_):
+        return [m async for m in run_asgi(app_, request)]
+
+    kinds = [m[0] for m in asyncio.run(collect(working_app))]
+    assert kinds == ["start", "working", "body"]
+    assert "working" not in [m[0] for m in asyncio.run(collect(app))]  # an app that never says: never
+
 
 # ------------------------------------------------------------------------------------- a live Ray instance
 
@@ -231,8 +278,10 @@ def pair(tmp_path_factory):
 
 def _args_for(pair, port):
     target, draft = pair
-    # One slot per replica (not the llama.cpp default of 4): the tests queue a request behind a running one.
-    return _serve_args(str(target), "--draft", str(draft), "--threads", "1", "--exact", "--parallel", "1", "--max-context",
+    # Two slots per replica (not the llama.cpp default of 4) and a queue of 2: the tests fill both and queue a
+    # request behind them, and send ten times what the ingress holds at once.
+    return _serve_args(str(target), "--draft", str(draft), "--threads", "1", "--exact", "--parallel", "2",
+                       "--max-queue", "2", "--max-context",
                        str(MAX_CONTEXT), "--port", str(port), "--api-key", "sekret", "--served-model-name", "tiny",
                        "--replicas", "2", "--replica-cpus", "0.5", "--log-level", "warning")
 
@@ -303,7 +352,8 @@ def _session_for(replica: str, replicas) -> str:
     """A session id whose first choice among `replicas` is `replica`."""
     for i in range(1000):
         session = f"s{i}"
-        key = ray_affinity.affinity_key({"x-session-id": session}, None)
+        # The cluster has one key (--api-key): its tenant, "default", partitions the affinity keys.
+        key = ray_affinity.affinity_key({"x-session-id": session}, None, "default")
         if ray_affinity.rank(key, replicas)[0] == replica:
             return session
     raise AssertionError("no session maps to that replica")
@@ -357,7 +407,7 @@ def test_a_session_stays_on_its_replica_and_metrics_cover_every_replica(cluster)
                 assert response.headers["x-specdec-replica"] == replica
         deadline = time.monotonic() + 20
         while True:  # each replica reports every second: wait for reports made after the requests above
-            view = http.get("/replicas").json()
+            view = http.get("/replicas", headers=AUTH).json()
             reported = {r["replica"] for r in view["replicas"]} >= set(ids)
             if (reported and view["aggregate"]["generation_tokens"] >= 2 * 3) or time.monotonic() > deadline:
                 break
@@ -366,10 +416,40 @@ def test_a_session_stays_on_its_replica_and_metrics_cover_every_replica(cluster)
         assert view["aggregate"]["generation_tokens"] >= 2 * 3
         assert {r["replica"]: r["pid"] for r in view["replicas"] if r["replica"] in ids} == {
             r: replicas[r]["pid"] for r in ids}
-        text = http.get("/metrics").text
+        text = http.get("/metrics", headers=AUTH).text
         for replica in ids:
             assert f'replica="{replica}"' in text
         assert "specdec:ray_replicas" in text and "specdec:ray_requests_retried_total" in text
+
+
+def test_ten_times_what_the_ingress_holds_at_once_gets_429s_and_nothing_is_lost(cluster, reference):
+    import asyncio
+
+    import httpx
+
+    from specdec.server.options import scaling_from_args
+    from specdec.server.ray_serve import in_flight_bound
+
+    bound = in_flight_bound(scaling_from_args(_args_for(("t", "d"), 0)), 2)
+    body = _chat_body(PROMPTS[2], 8, False)
+
+    async def burst():
+        async with httpx.AsyncClient(base_url=cluster["url"], timeout=90,
+                                     limits=httpx.Limits(max_connections=20 * bound)) as http:
+            return await asyncio.gather(*[http.post("/v1/chat/completions", headers=AUTH, json=body)
+                                          for _ in range(10 * bound)])
+
+    responses = asyncio.run(burst())  # every one answered: an exception or a timeout fails the test
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 429} and codes.count(429) > 0 and codes.count(200) >= bound, sorted(codes)
+    busy = [r for r in responses if r.status_code == 429]
+    assert all(r.json()["error"]["code"] == "queue_full" and r.headers["retry-after"] for r in busy)
+    expected = reference(PROMPTS[2], max_tokens=8)
+    assert all(r.json()["choices"][0]["message"]["content"] == expected for r in responses if r.status_code == 200)
+    # With keys set, the replicas' view and the metrics are a key holder's too.
+    with httpx.Client(base_url=cluster["url"], timeout=30) as http:
+        assert http.get("/replicas").status_code == 401 and http.get("/metrics").status_code == 401
+        assert http.get("/replicas", headers=AUTH).status_code == 200
 
 
 def _read_events(response, events: list, first: threading.Event) -> None:
@@ -407,16 +487,35 @@ def test_a_replica_killed_mid_stream_is_survived_and_replaced(cluster, reference
                 queued["response"] = http.post("/v1/chat/completions", headers={**AUTH, "X-Session-ID": doomed_session},
                                                json=_chat_body(PROMPTS[0], 24, False))
 
+            # A long non-streamed request running beside it on the victim when it dies: it may be what killed
+            # the replica, so it is not sent to another one.
+            working: dict = {}
+
+            def send_working():
+                working["response"] = http.post("/v1/chat/completions",
+                                                headers={**AUTH, "X-Session-ID": doomed_session},
+                                                json={**long_body, "stream": False})
+
+            worker = threading.Thread(target=send_working, daemon=True)
+            worker.start()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                rows = {r["replica"]: r for r in http.get("/replicas", headers=AUTH).json()["replicas"]}
+                if rows.get(victim, {}).get("running", 0) >= 2:
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError("the non-streamed request never ran on the victim")
             waiter = threading.Thread(target=send_queued, daemon=True)
             waiter.start()
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                rows = {r["replica"]: r for r in http.get("/replicas").json()["replicas"]}
+                rows = {r["replica"]: r for r in http.get("/replicas", headers=AUTH).json()["replicas"]}
                 if rows.get(victim, {}).get("waiting", 0) >= 1:
                     break
                 time.sleep(0.2)
             else:
-                raise AssertionError("the second request never queued on the victim")
+                raise AssertionError("the third request never queued on the victim")
             # A stream on the other replica, running when the victim dies.
             with http.stream("POST", "/v1/chat/completions", headers={**AUTH, "X-Session-ID": safe_session},
                              json=_chat_body(safe_text, 200, True)) as safe:
@@ -430,12 +529,19 @@ def test_a_replica_killed_mid_stream_is_survived_and_replaced(cluster, reference
                 reader.join(60)
                 safe_reader.join(120)
             waiter.join(120)
+            worker.join(120)
     # The stream on the dead replica: some text, then a clear error event and [DONE].
     assert not reader.is_alive() and doomed_events[-1] == "[DONE]"
     error = doomed_events[-2]["error"]
     assert error["code"] == "replica_failed" and error["type"] == "server_error"
     assert not any(isinstance(e, dict) and e.get("choices") and e["choices"][0].get("finish_reason")
                    for e in doomed_events)
+    # The request the victim was working on: a clear 500, tried once, counted by the ingress.
+    failed = working["response"]
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "replica_failed", failed.text
+    with httpx.Client(base_url=cluster["url"], timeout=60) as http:
+        counters = http.get("/metrics", headers=AUTH).text
+    assert "specdec:ray_requests_crashed_total 1.0" in counters, counters[-2000:]
     # The queued request: sent again to the survivor, answered in full and correctly.
     response = queued["response"]
     assert response.status_code == 200, response.text

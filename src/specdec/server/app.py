@@ -186,6 +186,16 @@ class ServerState:
         return out
 
 
+# A runner of the app (the Ray replica, ray_serve.run_asgi) may put a thread-safe zero-argument callable under this
+# key of the ASGI scope's state: it is called when the request's job enters the engine (prefill begins), so the
+# runner knows whether a crash came while the engine was working on the request or while it only waited.
+WORK_STARTED = "specdec.work_started"
+
+
+def work_started_hook(request: Request) -> Callable[[], None] | None:
+    return request.scope.get("state", {}).get(WORK_STARTED)
+
+
 KEYED_PATHS = ("/metrics", "/redoc", "/openapi.json")  # with /docs*: a key holder's, as /v1/* is
 
 
@@ -459,7 +469,7 @@ def cache_partition(request: Request, req) -> object:
 
 
 async def _respond(state: ServerState, ctx: ResponseContext, prompt_ids, params, req, request: Request):
-    job = Job(prompt_ids, params, partition=cache_partition(request, req))
+    job = Job(prompt_ids, params, partition=cache_partition(request, req), on_start=work_started_hook(request))
     include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     state.admit()  # the queue may have filled, or shutdown begun, while this request was being tokenized
     state.worker.submit(job)

@@ -14,6 +14,11 @@ conversation's text. The key that names a conversation is, first found wins:
 
 Requests with none of these (or a body that is not JSON) have no key and are load-balanced.
 
+With API keys the key is taken within the request's cache partition: the tenant its API key names (found by
+the ingress, never read from the body) and its `cache_salt` or `prompt_cache_key`, as the replicas partition
+their caches. Another tenant sending the same opening or session id gets an unrelated key, so where a request
+lands tells nothing about what other tenants sent.
+
 The order of preference is rendezvous (highest random weight) hashing of the key with each replica's id: every
 router computes the same order without sharing state, and when a replica dies or one is added only the keys
 whose first choice it was move. The router tries the replicas in that order and takes the first with room
@@ -61,22 +66,38 @@ def conversation_opening(messages: Sequence[Any]) -> str | None:
     return None
 
 
-def affinity_key(headers: Mapping[str, str] | Iterable[tuple[bytes, bytes]], body: bytes | None) -> str | None:
-    """The request's affinity key (see the module docstring), or None to load-balance it.
+def affinity_key(headers: Mapping[str, str] | Iterable[tuple[bytes, bytes]], body: bytes | None,
+                 tenant: str | None = None) -> str | None:
+    """The request's affinity key (see the module docstring), or None to load-balance it; within `tenant`'s
+    partition (and the body's cache salt) when there is one.
 
     `headers`: a mapping with lower-case names, or ASGI's list of (name, value) byte pairs."""
     if not isinstance(headers, Mapping):
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers}
+    payload = None
+    if body:
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            payload = None
+    payload = payload if isinstance(payload, dict) else None
+    key = _conversation_key(headers, payload)
+    if key is None:
+        return None
+    salt = None
+    if payload is not None:
+        salt = payload.get("cache_salt") if payload.get("cache_salt") is not None else payload.get("prompt_cache_key")
+    if tenant is None and salt is None:
+        return key
+    scope = json.dumps([tenant, salt if isinstance(salt, str) else None])
+    return _digest("partitioned", f"{scope}\x00{key}")
+
+
+def _conversation_key(headers: Mapping[str, str], payload: dict | None) -> str | None:
     session = (headers.get(SESSION_HEADER) or "").strip()
     if session:
         return _digest("session", session[:MAX_KEY_CHARS])
-    if not body:
-        return None
-    try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(payload, dict):
+    if payload is None:
         return None
     for field in ("prompt_cache_key", "user"):
         value = payload.get(field)

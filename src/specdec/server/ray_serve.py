@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import collections
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -45,6 +46,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+from ray.serve.exceptions import BackPressureError
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 from starlette.requests import Request
 from starlette.responses import Response
@@ -52,9 +54,15 @@ from starlette.responses import Response
 from specdec.cli.flags import model_ref_from_args, spec_from_args
 from specdec.decoder import SpecDecoder
 from specdec.server import ray_affinity, sse
-from specdec.server.app import create_app
+from specdec.server.app import KEYED_PATHS, WORK_STARTED, create_app
+from specdec.server.body_scan import may_exceed, structure_counts
 from specdec.server.errors import APIError, error_body
-from specdec.server.limits import host_check_list, host_name
+from specdec.server.limits import (
+    DEFAULT_MAX_BODY_VALUES,
+    QUEUE_FULL_RETRY_AFTER_SECONDS,
+    host_check_list,
+    host_name,
+)
 from specdec.server.options import (
     Scaling,
     limits_from_args,
@@ -77,7 +85,8 @@ RETRY_BACKOFF_SECONDS = (0.2, 1.0, 2.0)
 REPORT_SECONDS = 1.0
 HEALTH_CHECK_PERIOD_SECONDS = 5.0
 HEALTH_CHECK_TIMEOUT_SECONDS = 30.0
-INGRESS_MAX_ONGOING = 10_000  # the ingress only forwards: every open stream is one ongoing request there
+INGRESS_MAX_ONGOING = 256  # requests in flight at the ingress when built without a bound (build_application sets one)
+INGRESS_SPARE = 1024  # ongoing requests the ingress may hold beyond its bound: the ones it answers itself (429s)
 REPLICA_HEADER = "x-specdec-replica"  # which engine replica answered (added by the ingress)
 ATTEMPTS_HEADER = "x-specdec-attempts"  # how many replicas it took (1 unless a replica failed)
 
@@ -146,12 +155,18 @@ def _scope(request: Mapping[str, Any]) -> dict[str, Any]:
 async def run_asgi(app, request: Mapping[str, Any]) -> AsyncIterator[tuple]:
     """Run one HTTP request through an ASGI app, yielding ("start", status, headers) and then
     ("body", bytes, more_body) messages as the app sends them (body pieces sent meanwhile go out as one:
-    each item costs a Ray hop or two). The request's body is received at once; when the caller stops
-    listening (cancelled, or closes this generator) the app sees a disconnect and its task is cancelled."""
+    each item costs a Ray hop or two), and ("working",) once, when the app begins model work on it (the
+    app's WORK_STARTED hook). The request's body is received at once; when the caller stops listening
+    (cancelled, or closes this generator) the app sees a disconnect and its task is cancelled."""
     sent: collections.deque = collections.deque()
     arrived = asyncio.Event()
     gone = asyncio.Event()
+    working = asyncio.Event()  # set (from any thread) when the app begins model work on the request
+    announced = False
     body_given = False
+    loop = asyncio.get_running_loop()
+    scope = _scope(request)
+    scope["state"][WORK_STARTED] = lambda: loop.call_soon_threadsafe(working.set)
 
     async def receive():
         nonlocal body_given
@@ -165,17 +180,24 @@ async def run_asgi(app, request: Mapping[str, Any]) -> AsyncIterator[tuple]:
         sent.append(message)
         arrived.set()
 
-    task = asyncio.ensure_future(app(_scope(request), receive, send))
+    task = asyncio.ensure_future(app(scope, receive, send))
     try:
         while True:
             if not sent:
+                if working.is_set() and not announced:  # after what was sent before it, in order
+                    announced = True
+                    yield ("working",)
+                    continue
                 if task.done():
                     task.result()  # the app ended without a complete response: re-raise its error
                     return
                 arrived.clear()
-                waiter = asyncio.ensure_future(arrived.wait())
-                await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
+                waiters = {asyncio.ensure_future(arrived.wait())}
+                if not announced:
+                    waiters.add(asyncio.ensure_future(working.wait()))
+                await asyncio.wait({*waiters, task}, return_when=asyncio.FIRST_COMPLETED)
+                for waiter in waiters:
+                    waiter.cancel()
                 continue
             message = sent.popleft()
             if message["type"] == "http.response.start":
@@ -315,11 +337,14 @@ class IngressCounters:
     """The ingress's own counts, exported on /metrics beside the replicas' series."""
 
     def __init__(self):
-        self.values = {"retried": 0, "failed_streams": 0, "failed_bodies": 0, "unavailable": 0}
+        self.values = {"retried": 0, "crashed": 0, "failed_streams": 0, "failed_bodies": 0, "unavailable": 0,
+                       "busy": 0}
 
     def families(self):
         docs = {
-            "retried": "Requests sent again to another replica because theirs failed before sending anything.",
+            "retried": "Requests sent again to another replica because theirs failed before working on them.",
+            "crashed": "Requests whose replica failed while working on them, answered 500 and not sent again.",
+            "busy": "Requests answered 429: as many as the ingress holds were in flight, or the queue was full.",
             "failed_streams": "Streams ended with a replica_failed error event: their replica died mid-stream.",
             "failed_bodies": "Non-streamed responses cut short: their replica died while sending the body.",
             "unavailable": "Requests answered 503: no replica could take them within the retries.",
@@ -333,46 +358,74 @@ class IngressCounters:
 @serve.deployment(name=INGRESS, num_replicas=1, ray_actor_options={"num_cpus": 0},
                   max_ongoing_requests=INGRESS_MAX_ONGOING)
 class SpecdecIngress:
-    """Reads each request, picks its affinity key, forwards it to an engine replica and relays the response."""
+    """Checks each request's key and size before reading it, bounds how many are in flight (429 beyond), picks
+    its affinity key within its tenant's partition, forwards it to an engine replica and relays the response."""
 
-    def __init__(self, engine, metrics, serve_args: Mapping[str, Any]):
+    def __init__(self, engine, metrics, serve_args: Mapping[str, Any], max_in_flight: int = INGRESS_MAX_ONGOING):
         args = serve_namespace(serve_args)
         self.engine = engine
         self.metrics = metrics
         self.max_request_bytes = int(args.max_request_bytes)
         self.read_timeout = float(args.read_timeout)
+        self.max_in_flight = int(max_in_flight)
+        self.in_flight = 0
+        self.tenants = tenants_from_args(args)
         allowed = host_check_list(args.host, args.api_key or args.api_keys, args.allowed_hosts)
         self.allowed_hosts = None if allowed is None else {host_name(h) for h in allowed}
         self.counters = IngressCounters()
 
     async def __call__(self, request: Request) -> Response:
         path, method = request.url.path, request.method
+        refused = self._host_refusal(request)
+        if refused is not None:
+            return refused
+        tenant = None
+        if self.tenants is not None and method != "OPTIONS" and _is_keyed(path):
+            tenant = self._tenant(request)
+            if tenant is None:  # refused before a byte of the body is read
+                return _error(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                              "invalid_api_key", {"WWW-Authenticate": "Bearer"})
         if path in ("/metrics", "/replicas") and method == "GET":
-            refused = self._host_refusal(request)
-            if refused is not None:
-                return refused
             return await (self._metrics() if path == "/metrics" else self._replicas())
+        if self.in_flight >= self.max_in_flight:
+            self.counters.values["busy"] += 1
+            return _busy(f"the server is busy: {self.max_in_flight} requests are already in flight; retry later")
         declared = request.headers.get("content-length", "")
         if declared.strip().isdigit() and int(declared) > self.max_request_bytes:
-            body = b""  # not read: the replica's RequestBodyGuard refuses it by its Content-Length (413)
-        else:
+            return _too_large(self.max_request_bytes)
+        self.in_flight += 1
+        handed_over = False
+        try:
             try:
                 body = await asyncio.wait_for(self._read(request), self.read_timeout)
             except asyncio.TimeoutError:
                 return _error(408, f"the request body was not received within {self.read_timeout:g} s",
                               "request_timeout")
             if body is None:
-                return _error(413, f"the request body is larger than the server's limit of {self.max_request_bytes} "
-                              "bytes (--max-request-bytes)", "request_too_large")
-        scope = request.scope
-        forwarded = {
-            "method": method, "path": scope.get("path", path), "raw_path": scope.get("raw_path"),
-            "query_string": scope.get("query_string", b""), "headers": list(scope.get("headers", [])),
-            "scheme": scope.get("scheme", "http"), "http_version": scope.get("http_version", "1.1"),
-            "client": scope.get("client"), "server": scope.get("server"), "body": body,
-        }
-        key = ray_affinity.affinity_key(forwarded["headers"], body)
-        return _Forwarded(lambda send: self._forward(forwarded, key, send))
+                return _too_large(self.max_request_bytes)
+            if may_exceed(body, DEFAULT_MAX_BODY_VALUES):
+                for count in structure_counts(body):
+                    if count > DEFAULT_MAX_BODY_VALUES:
+                        return _error(413, f"the request body holds more than {DEFAULT_MAX_BODY_VALUES} JSON values "
+                                      "(array items and object members)", "too_many_json_values")
+                    await asyncio.sleep(0)
+            scope = request.scope
+            forwarded = {
+                "method": method, "path": scope.get("path", path), "raw_path": scope.get("raw_path"),
+                "query_string": scope.get("query_string", b""), "headers": list(scope.get("headers", [])),
+                "scheme": scope.get("scheme", "http"), "http_version": scope.get("http_version", "1.1"),
+                "client": scope.get("client"), "server": scope.get("server"), "body": body,
+            }
+            key = ray_affinity.affinity_key(forwarded["headers"], body, tenant)
+            handed_over = True
+            return _Forwarded(lambda send: self._forward(forwarded, key, tenant, send))
+        finally:
+            if not handed_over:
+                self.in_flight -= 1
+
+    def _tenant(self, request: Request) -> str | None:
+        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+        return self.tenants.tenant_of(token.strip().encode("latin-1")) if scheme.lower() == "bearer" else None
 
     async def _read(self, request: Request) -> bytes | None:
         parts, size = [], 0
@@ -392,38 +445,63 @@ class SpecdecIngress:
         return _error(400, f"Host {name or '(none)'!r} is not allowed; this server answers "
                            f"{', '.join(sorted(self.allowed_hosts))} (see --allowed-hosts)", "invalid_host")
 
-    async def _forward(self, request: dict, key: str | None, send) -> None:
+    async def _forward(self, request: dict, key: str | None, tenant: str | None, send) -> None:
         """Send the request to a replica; relay its response once it has sent something a client can use.
-        A replica that fails before that: the request goes to another one (RETRIES times)."""
-        attempt = 0
-        while True:
-            attempt += 1
-            outcome = await self._attempt(request, key, send, attempt)
-            if outcome == "done":
-                return
-            if attempt > RETRIES:
-                self.counters.values["unavailable"] += 1
-                await _send_json(send, 503, error_body(
-                    f"no replica could serve this request ({attempt} tried, each failed before answering); "
-                    "retry later", "server_error", None, "replica_unavailable"))
-                return
-            self.counters.values["retried"] += 1
-            log.warning("replica failed before answering; sending the request again (attempt %d)", attempt + 1)
-            await asyncio.sleep(RETRY_BACKOFF_SECONDS[min(attempt - 1, len(RETRY_BACKOFF_SECONDS) - 1)])
+        A replica that fails before the request's model work began: sent to another one (RETRIES times). One
+        that fails while working on it: not sent again, since the request may be what made it fail."""
+        try:
+            attempt = 0
+            while True:
+                attempt += 1
+                outcome = await self._attempt(request, key, send, attempt)
+                if outcome == "done":
+                    return
+                if outcome == "busy":
+                    self.counters.values["busy"] += 1
+                    await _send_busy(send, "every engine replica is busy and the queue in front of them is full "
+                                           "(--max-queue); retry later")
+                    return
+                if outcome == "crashed":
+                    self.counters.values["crashed"] += 1
+                    log.error("a replica failed while working on a request; not retried: %s %s, %d body bytes "
+                              "(sha256 %s), tenant %s, attempt %d", request["method"], request["path"],
+                              len(request["body"]), hashlib.sha256(request["body"]).hexdigest()[:16], tenant, attempt)
+                    await _send_json(send, 500, error_body(
+                        "the replica working on this request failed before answering; it was not sent to another "
+                        "replica, in case this request is what made it fail (the server log has the details)",
+                        "server_error", None, "replica_failed"))
+                    return
+                if attempt > RETRIES:
+                    self.counters.values["unavailable"] += 1
+                    await _send_json(send, 503, error_body(
+                        f"no replica could serve this request ({attempt} tried, each failed before answering); "
+                        "retry later", "server_error", None, "replica_unavailable"))
+                    return
+                self.counters.values["retried"] += 1
+                log.warning("replica failed before working on the request; sending it again (attempt %d)", attempt + 1)
+                await asyncio.sleep(RETRY_BACKOFF_SECONDS[min(attempt - 1, len(RETRY_BACKOFF_SECONDS) - 1)])
+        finally:
+            self.in_flight -= 1
 
     async def _attempt(self, request: dict, key: str | None, send, attempt: int) -> str:
-        """One replica's try: "done" (answered, or failed after sending) or "retry" (failed before)."""
-        stream = self.engine.options(stream=True).handle.remote(request, affinity=key)
+        """One replica's try: "done" (answered, or failed after sending), "retry" (failed before its work on the
+        request began), "crashed" (failed while working on it, before sending), "busy" (the queue is full)."""
         replica = "unknown"
         held: list[tuple] = []  # start and body messages not yet sent to the client
         committed = False
         event_stream = False
         finished = False
+        working = False
+        stream = None
         try:
+            stream = self.engine.options(stream=True).handle.remote(request, affinity=key)
             async for message in stream:
                 kind = message[0]
                 if kind == "replica":
                     replica = message[1]
+                    continue
+                if kind == "working":
+                    working = True
                     continue
                 if committed:
                     await send(_asgi(message))
@@ -451,10 +529,14 @@ class SpecdecIngress:
             elif not finished:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             return "done"
+        except BackPressureError:  # Ray's own queue bound, where a deployment sets one (build_application does not)
+            return "busy"
+
         except REPLICA_FAILURES as exc:
             if not committed:
-                log.warning("replica %s failed before answering: %s", replica, type(exc).__name__)
-                return "retry"
+                log.warning("replica %s failed before answering (%s): %s", replica,
+                            "while working on the request" if working else "before working on it", type(exc).__name__)
+                return "crashed" if working else "retry"
             log.warning("replica %s failed mid-response: %s", replica, type(exc).__name__)
             if event_stream:
                 self.counters.values["failed_streams"] += 1
@@ -467,7 +549,8 @@ class SpecdecIngress:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             return "done"
         finally:
-            stream.cancel()
+            if stream is not None:
+                stream.cancel()
 
     async def _metrics(self) -> Response:
         snapshot = await self.metrics.snapshot.remote()
@@ -488,22 +571,58 @@ def _asgi(message: tuple) -> dict:
     return {"type": "http.response.body", "body": message[1], "more_body": message[2]}
 
 
-def _error(status: int, message: str, code: str) -> Response:
+def _is_keyed(path: str) -> bool:
+    """What needs a key when keys are set: the API, what describes the server, and the replicas' view."""
+    return path.startswith("/v1") or path.startswith("/docs") or path in KEYED_PATHS or path == "/replicas"
+
+
+def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> Response:
     return Response(json.dumps(APIError(status, message, code=code).body()), status_code=status,
-                    media_type="application/json")
+                    media_type="application/json", headers=headers)
 
 
-async def _send_json(send, status: int, body: dict) -> None:
+def _too_large(limit: int) -> Response:
+    return _error(413, f"the request body is larger than the server's limit of {limit} bytes (--max-request-bytes)",
+                  "request_too_large")
+
+
+def _busy(message: str) -> Response:
+    return _error(429, message, "queue_full", {"Retry-After": str(QUEUE_FULL_RETRY_AFTER_SECONDS)})
+
+
+async def _send_busy(send, message: str) -> None:
+    await _send_json(send, 429, APIError(429, message, code="queue_full").body(),
+                     [(b"retry-after", str(QUEUE_FULL_RETRY_AFTER_SECONDS).encode())])
+
+
+async def _send_json(send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                            *(headers or [])]})
     await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
 # --------------------------------------------------------------------------------------------- building
 
 
+def most_replicas(scaling: Scaling) -> int:
+    if scaling.autoscaling:
+        low = scaling.min_replicas if scaling.min_replicas is not None else 1
+        return scaling.max_replicas if scaling.max_replicas is not None else max(low, scaling.replicas or 1)
+    return scaling.replicas or 1
+
+
+def in_flight_bound(scaling: Scaling, max_queue: int) -> int:
+    """Requests the ingress holds at once: what every replica may run (max_ongoing_requests each, at most
+    replicas) and --max-queue waiting in front of them; more are answered 429 at once, unread."""
+    return most_replicas(scaling) * scaling.max_ongoing_requests + max_queue
+
+
 def engine_options(scaling: Scaling, shutdown_grace: float) -> dict[str, Any]:
+    # No max_queued_requests: the ingress bounds the queue itself (in_flight_bound), answering 429 in OpenAI's
+    # shape. Ray's own bound rejected requests of a burst that had room (its count includes requests still being
+    # assigned, ray/serve/_private/router.py) and answered them 503 in plain text.
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": scaling.replica_cpus},
         "max_ongoing_requests": scaling.max_ongoing_requests,
@@ -513,7 +632,7 @@ def engine_options(scaling: Scaling, shutdown_grace: float) -> dict[str, Any]:
     }
     if scaling.autoscaling:
         low = scaling.min_replicas if scaling.min_replicas is not None else 1
-        high = scaling.max_replicas if scaling.max_replicas is not None else max(low, scaling.replicas or 1)
+        high = most_replicas(scaling)
         options["autoscaling_config"] = AutoscalingConfig(
             min_replicas=low, max_replicas=high, initial_replicas=min(max(scaling.replicas or low, low), high),
             target_ongoing_requests=scaling.target_ongoing_requests)
@@ -527,8 +646,13 @@ def build_application(serve_args: argparse.Namespace | Mapping[str, Any], scalin
     values = dict(vars(serve_args) if isinstance(serve_args, argparse.Namespace) else serve_args)
     values.pop("handler", None)
     metrics = SpecdecMetrics.bind()
+    max_queue = int(values["max_queue"])
     engine = SpecdecEngine.options(**engine_options(scaling, float(values["shutdown_grace"]))).bind(values, metrics)
-    return SpecdecIngress.bind(engine, metrics, values)
+    bound = in_flight_bound(scaling, max_queue)
+    # Room above the bound for what the ingress answers itself (429s, /metrics, /replicas, /health), so that
+    # Ray's proxy never queues requests in front of it.
+    ingress = SpecdecIngress.options(max_ongoing_requests=bound + INGRESS_SPARE)
+    return ingress.bind(engine, metrics, values, bound)
 
 
 def app_builder(args: Mapping[str, Any]):

@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from specdec.config import SamplingParams
@@ -38,10 +38,11 @@ class Job:
     """One request's prompt, parameters, cancellation flag and results, shared by handler and worker."""
 
     def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, loop: asyncio.AbstractEventLoop | None = None,
-                 partition: object = None):
+                 partition: object = None, on_start: Callable[[], None] | None = None):
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.params = params
         self.partition = partition  # the cache partition (tenant, salt): see BatchEngine.add
+        self.on_start = on_start  # called on the worker thread as the job enters the engine (thread-safe callee)
         self.loop = loop or asyncio.get_running_loop()
         self.outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
         self._cancelled = threading.Event()
@@ -221,6 +222,8 @@ class EngineWorker:
             self._finish(job, "abort", None)
             job.end("abort", job.cancel_error)
             return
+        if job.on_start is not None:
+            job.on_start()
         try:
             sequence = self.batch.add(job.prompt_ids, job.params, tag=job, partition=job.partition)
         except Exception as exc:  # noqa: BLE001 - a request the engine refused: reported to its client
