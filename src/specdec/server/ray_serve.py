@@ -8,16 +8,21 @@ Three deployments, one application (APP_NAME), behind Ray Serve's HTTP proxy:
   as a plain HTTP request (method, path, headers, body) through `handle`, which runs them through that app
   in the replica's event loop and streams back the ASGI messages. `check_health` fails when the engine
   worker thread is dead, so Ray Serve replaces the replica; a replica whose process dies is replaced too.
-- `SpecdecIngress` (one replica, no CPU reserved): what the proxy calls. It reads the request, computes its
-  affinity key (ray_affinity.py: a session header, OpenAI's `prompt_cache_key` or `user`, else the
-  conversation's opening) and calls an engine replica. The engine deployment's request router
+- `SpecdecIngress` (one replica, no CPU reserved): what the proxy calls. With API keys it finds the request's
+  tenant before reading its body (401 without a key); it answers 429 at once when as many requests are in
+  flight as the replicas may run plus --max-queue; it reads the body (size and JSON-value caps), computes its
+  affinity key within the tenant's partition (ray_affinity.py: a session header, OpenAI's `prompt_cache_key`
+  or `user`, else the conversation's opening) and calls an engine replica. The engine deployment's request router
   (`AffinityRouter`, Ray Serve's RequestRouter API) orders the replicas by rendezvous hash of the key and
   takes the first with room, so a conversation returns to the replica that has its prefix cached. A
   response is held back until it has sent something a client can use (a JSON body in full; for a stream,
-  more than the opening role delta): if the replica dies before that, the request is sent again to another
-  replica (up to RETRIES times); if it dies after, the stream ends with an OpenAI-shaped error event
+  more than the opening role delta): if the replica dies before that while the request only waited there, it
+  is sent again to another replica (up to RETRIES times); if it dies while its engine was working on the
+  request, the request is answered 500 (`replica_failed`) and not sent again, since it may be what killed the
+  replica; if it dies after, the stream ends with an OpenAI-shaped error event
   (code `replica_failed`) and `data: [DONE]`. It also answers `GET /metrics` (every replica's `specdec:*`
-  series with a `replica` label, and the ingress's own counters) and `GET /replicas` (the aggregate view).
+  series with a `replica` label, and the ingress's own counters) and `GET /replicas` (the aggregate view), both
+  behind the key when keys are set.
 - `SpecdecMetrics` (one replica, no CPU): every engine replica reports its Prometheus exposition to it each
   REPORT_SECONDS; the ingress reads the latest of every live replica from it.
 
