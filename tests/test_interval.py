@@ -4,6 +4,7 @@ speedup against a hand computation, and the pairing of interleaved runs."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -67,3 +68,32 @@ def test_paired_ratios_pair_each_run_with_plain_in_the_same_turn():
             _run("plain", "a", 0, 5.0, task="u"), _run("x", "a", 0, 5.0, task="u")]
     assert paired_ratios(runs, "x") == [pytest.approx(1.2), pytest.approx(1.5), pytest.approx(1.0)]
     assert paired_ratios(runs, "missing") == []
+
+
+def test_binomial_interval_matches_scipys_beta_quantiles():
+    from specdec.core.intervals import binomial_interval
+
+    stats = pytest.importorskip("scipy.stats")
+    for successes, trials in ((0, 10), (1, 10), (20, 200), (19, 200), (100, 200), (200, 200), (3, 7)):
+        low, high = binomial_interval(successes, trials)
+        want_low = 0.0 if successes == 0 else stats.beta.ppf(0.025, successes, trials - successes + 1)
+        want_high = 1.0 if successes == trials else stats.beta.ppf(0.975, successes + 1, trials - successes)
+        assert low == pytest.approx(want_low, abs=1e-9) and high == pytest.approx(want_high, abs=1e-9)
+
+
+def test_binomial_interval_covers_as_it_claims():
+    from specdec.core.intervals import binomial_interval
+
+    assert binomial_interval(20, 200)[0] < 0.1 < binomial_interval(20, 200)[1]
+    # Coverage, by simulation: at p = 0.1 over 200 trials the interval holds p in at least ~95% of runs, and
+    # a wrong p (0.2) is excluded from nearly all of them (the check can fail).
+    rng = random.Random(7)
+    covered = wrong = 0
+    for _ in range(400):
+        hits = sum(rng.random() < 0.1 for _ in range(200))
+        low, high = binomial_interval(hits, 200)
+        covered += low <= 0.1 <= high
+        wrong += low <= 0.2 <= high
+    assert covered >= 0.93 * 400 and wrong <= 0.02 * 400
+    with pytest.raises(ValueError):
+        binomial_interval(3, 2)

@@ -113,3 +113,14 @@ def test_the_server_sends_n_tokens_to_an_event(target_model):
         else:
             assert len(content) == math.ceil(23 / per_event), [c["choices"][0]["text"] for c in content]
     assert texts[None] == texts[4]
+
+
+def test_the_flag_reaches_the_limits_and_zero_is_a_one_line_error():
+    from specdec.errors import UserError
+    from specdec.server.options import limits_from_args, serve_parser
+
+    args = serve_parser().parse_args(["m.gguf", "--stream-tokens-per-event", "3", "--parallel", "1"])
+    assert limits_from_args(args).stream_tokens_per_event == 3
+    assert limits_from_args(serve_parser().parse_args(["m.gguf", "--parallel", "1"])).stream_tokens_per_event is None
+    with pytest.raises(UserError, match="--stream-tokens-per-event"):
+        limits_from_args(serve_parser().parse_args(["m.gguf", "--stream-tokens-per-event", "0", "--parallel", "1"]))

@@ -123,3 +123,28 @@ def paired_ratios(runs: Iterable[dict], method: str, baseline: str = "plain") ->
 
 
 __all__ = ["SpeedupInterval", "paired_ratios", "regularized_beta", "speedup_interval", "t_cdf", "t_quantile"]
+
+
+def binomial_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Clopper-Pearson (exact) two-sided interval on a success probability from `successes` of `trials`:
+    the bounds are beta quantiles, found by bisection on regularized_beta. Conservative: it covers the true
+    probability at least `confidence` of the time."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(f"need 0 <= successes <= trials and trials >= 1, got {successes} of {trials}")
+    tail = (1.0 - confidence) / 2.0
+
+    def beta_quantile(p: float, a: float, b: float) -> float:
+        low, high = 0.0, 1.0
+        for _ in range(100):
+            middle = (low + high) / 2.0
+            if regularized_beta(a, b, middle) < p:
+                low = middle
+            else:
+                high = middle
+        return (low + high) / 2.0
+
+    lower = 0.0 if successes == 0 else beta_quantile(tail, successes, trials - successes + 1)
+    upper = 1.0 if successes == trials else beta_quantile(1.0 - tail, successes + 1, trials - successes)
+    return lower, upper
