@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
+from specdec.core.partitions import MAX_PARTITIONS, MAX_PARTITIONS_PER_OWNER, PartitionLRU
 from specdec.drafters.base import Draft, Drafter, register_drafter
 
 
@@ -252,19 +253,21 @@ class SuffixCache:
 
 class SuffixCachePool:
     """One SuffixCache per cache partition (a tenant and its salt): one partition's outputs never draft for
-    another's requests. At most max_partitions caches are kept, the least recently used dropped first, so memory
-    stays at most max_partitions x the cache's max_tokens."""
+    another's requests. At most max_partitions caches are kept, and per_owner of one tenant's salts, the least
+    recently used dropped first (core.partitions), so memory stays at most max_partitions x the cache's
+    max_tokens and one tenant's salts evict only its own caches."""
 
-    def __init__(self, max_tokens: int, depth: int, max_partitions: int = 64):
-        self.max_tokens, self.depth, self.max_partitions = max_tokens, depth, max_partitions
-        self._caches: OrderedDict[object, SuffixCache] = OrderedDict()
+    def __init__(self, max_tokens: int, depth: int, max_partitions: int = MAX_PARTITIONS,
+                 per_owner: int = MAX_PARTITIONS_PER_OWNER):
+        self.max_tokens, self.depth = max_tokens, depth
+        self._caches: PartitionLRU[SuffixCache] = PartitionLRU(lambda: SuffixCache(max_tokens, depth),
+                                                               max_partitions, per_owner)
 
     def get(self, partition: object) -> SuffixCache:
-        cache = self._caches.pop(partition, None) or SuffixCache(self.max_tokens, self.depth)
-        self._caches[partition] = cache  # the most recently used last
-        while len(self._caches) > self.max_partitions:
-            self._caches.popitem(last=False)
-        return cache
+        return self._caches.get(partition)
+
+    def __len__(self) -> int:
+        return len(self._caches)
 
     def clear(self) -> None:
         self._caches.clear()

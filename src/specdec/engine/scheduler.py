@@ -14,6 +14,7 @@ import torch
 from specdec.backends.base import BatchRows, ModelBackend
 from specdec.backends.kvcache import ContextOverflowError, common_prefix_length
 from specdec.config import SamplingParams, SpecConfig
+from specdec.core.partitions import PartitionLRU
 from specdec.core.sampling import greedy_tokens, make_generator, probabilities
 from specdec.core.stats import SpecStats
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled
@@ -53,7 +54,8 @@ class BatchEngine:
         self.set_max_running(max_running)
         self.running: list[RunningSequence] = []
         self.total_stats = SpecStats()
-        self.adaptive_policies: dict[str | None, object] = {}  # per draft source, for the engine's lifetime
+        # Adaptive policies kept for the engine's lifetime: per partition (PartitionLRU), per draft source.
+        self.kept_policies: PartitionLRU[dict[str | None, object]] = PartitionLRU(dict)
         self.last_pass_rows = 0
         self.shared_pass_costs: dict[int, Ewma] = {}  # rows -> seconds of decode-only passes of 2+ sequences
         self.last_sequence: RunningSequence | None = None  # the latest admitted (its stats: SpeculativeEngine.last_stats)
@@ -94,6 +96,13 @@ class BatchEngine:
         bad = [t for t in prompt if not 0 <= int(t) < vocab]
         if bad:
             raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+
+    @property
+    def adaptive_policies(self) -> dict[object, object]:
+        """The kept policies as one mapping: by draft source for the shared partition (no partitions: what a
+        library user and the bench read), by (partition, source) for the others."""
+        return {(source if partition is None else (partition, source)): policy
+                for partition, kept in self.kept_policies.items() for source, policy in kept.items()}
 
     @property
     def has_room(self) -> bool:
@@ -175,9 +184,8 @@ class BatchEngine:
                 drafter.set_partition(partition)
                 drafter.begin(prompt, params, sequence.generator)
             if self.max_running == 1:
-                for key, kept in self.adaptive_policies.items():
-                    if _partition_of(key) == partition:
-                        kept.begin_request()  # acceptance is the request's content: old evidence fades
+                for kept in (self.kept_policies.peek(partition) or {}).values():
+                    kept.begin_request()  # acceptance is the request's content: old evidence fades
         except BaseException:
             self._leave(sequence, "error", clean=False)
             raise
@@ -210,8 +218,7 @@ class BatchEngine:
         self.total_stats.merge(stats)
         if self.max_running > 1 and self.spec.k_policy == "adaptive":
             # What this sequence learnt is its partition's newest evidence.
-            self.adaptive_policies.update({_policy_key(sequence.partition, source): policy
-                                           for source, policy in sequence.policies.items()})
+            self.kept_policies.get(sequence.partition).update(sequence.policies)
         slot = sequence.slot
         cache = slot.cache
         if sequence in self.running:
@@ -359,14 +366,14 @@ class BatchEngine:
         one-slot engine uses it directly; with several slots each sequence works on its own copy (acceptance is
         per request) and hands it back when it leaves.
         """
-        key = _policy_key(sequence.partition, source)
         if self.spec.k_policy == "adaptive" and self.max_running == 1:
-            if key not in self.adaptive_policies:
-                self.adaptive_policies[key] = self._new_policy()
-            return self.adaptive_policies[key]
+            kept = self.kept_policies.get(sequence.partition)
+            if source not in kept:
+                kept[source] = self._new_policy()
+            return kept[source]
         owner = sequence.policies
         if source not in owner:
-            kept = self.adaptive_policies.get(key) if self.spec.k_policy == "adaptive" else None
+            kept = self.kept_policies.get(sequence.partition).get(source) if self.spec.k_policy == "adaptive" else None
             if kept is not None:
                 owner[source] = copy.deepcopy(kept)
                 owner[source].begin_request()
@@ -523,13 +530,6 @@ class BatchEngine:
         return StepOutput(sequence.request_id, new_tokens, new_from_draft, delta, finish, stats=stats)
 
 
-def _policy_key(partition: object, source: str | None) -> object:
-    """The key of a kept adaptive policy: its draft source, with its partition where there is one."""
-    return source if partition is None else (partition, source)
-
-
-def _partition_of(key: object) -> object:
-    return key[0] if isinstance(key, tuple) else None
 
 
 def _failed(sequence: RunningSequence, error: BaseException) -> StepOutput:
