@@ -332,7 +332,9 @@ def cluster(pair):
         finally:
             ray.shutdown()
     took = time.monotonic() - began
-    assert took < 120, f"the Ray tests took {took:.0f} s"
+    # A bound on what the Ray tests add to the suite (usually 60-100 s; one start took 100 s alone on a VM
+    # whose steal time was high), not a benchmark.
+    assert took < 300, f"the Ray tests took {took:.0f} s"
 
 
 def _replicas(handle, want: int = 2, timeout: float = 60.0, exclude=()) -> dict[str, dict]:
@@ -563,4 +565,4 @@ def test_a_replica_killed_mid_stream_is_survived_and_replaced(cluster, reference
                                  json=_chat_body(PROMPTS[1], 24, False))
             assert response.status_code == 200
             assert response.json()["choices"][0]["message"]["content"] == reference(PROMPTS[1])
-    assert time.monotonic() - cluster["began"] < 120
+    assert time.monotonic() - cluster["began"] < 300
