@@ -284,3 +284,49 @@ def test_bodies_of_too_many_json_values_are_refused_unparsed(client, tokenized):
     # refused for what it is (too long for the context), not for its structure.
     commas = {"prompt": "[a, {b}], " * (cap // 2), "max_tokens": 2}
     assert_quick_error(*post(client, COMPLETIONS, commas), 400, "prompt", "context_length_exceeded")
+
+
+@pytest.mark.parametrize("route", ["completion", "chat"])
+def test_long_prompts_being_tokenized_never_hold_up_a_short_one(target_model, draft_model, route):
+    """Two long prompts within the bound (tokenized: they might fit) whose tokenizing never ends, and a short
+    request after them: it is served meanwhile, since long prompts take turns on a lane of their own."""
+    from specdec.server.app import SHORT_PROMPT_CHARS
+
+    decoder = make_decoder(target_model, draft_model, tiny_tokenizer())
+    name = "encode" if route == "completion" else "encode_chat"
+    real = getattr(decoder, name)
+    release = threading.Event()
+    held = []
+
+    def forever_on_long(arg, *args, **kwargs):
+        chars = len(arg) if isinstance(arg, str) else sum(len(m["content"]) for m in arg)
+        if chars > SHORT_PROMPT_CHARS:
+            held.append(chars)
+            release.wait(60)
+        return real(arg, *args, **kwargs)
+
+    setattr(decoder, name, forever_on_long)
+    text = "w1 " * (SHORT_PROMPT_CHARS // 3 + 10)
+    assert SHORT_PROMPT_CHARS < len(text) <= PROMPT_LIMIT
+    if route == "completion":
+        path, long_body, small = COMPLETIONS, {"prompt": text}, {"prompt": "w1 w2", "max_tokens": 3}
+    else:
+        path, long_body = CHAT, {"messages": [{"role": "user", "content": text}]}
+        small = {"messages": [USER], "max_tokens": 3}
+
+    async def long_ones_then_short(url):
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            waiting = [asyncio.create_task(c.post(path, json=long_body)) for _ in range(2)]
+            await asyncio.sleep(0.3)  # both are being tokenized, or waiting for the long lane
+            short = await c.post(path, json=small)
+            seen = list(held)
+            release.set()
+            return short, seen, await asyncio.gather(*waiting)
+
+    with LiveServer(create_app(decoder, served_model_name="tiny")) as live:
+        try:
+            short, seen, _ = asyncio.run(long_ones_then_short(live.url))
+        finally:
+            release.set()
+    assert short.status_code == 200, short.text
+    assert len(seen) == 1  # one long prompt on its lane, the other waiting behind it, not in front of the short one
