@@ -170,25 +170,32 @@ def test_more_messages_or_parts_than_the_caps_are_refused_by_count(client, token
     assert served.status_code == 200, served.text
 
 
+def block_tokenizing_above(decoder, route: str, chars_limit: int, release: threading.Event) -> list[int]:
+    """Make the decoder's tokenizing of texts longer than `chars_limit` block until `release` (as if it took
+    forever); returns the list of the lengths it was handed."""
+    name = "encode" if route == "completion" else "encode_chat"
+    real = getattr(decoder, name)
+    held: list[int] = []
+
+    def blocking(arg, *args, **kwargs):
+        chars = len(arg) if isinstance(arg, str) else sum(len(m["content"]) for m in arg)
+        if chars > chars_limit:
+            held.append(chars)
+            release.wait(60)
+        return real(arg, *args, **kwargs)
+
+    setattr(decoder, name, blocking)
+    return held
+
+
 @pytest.mark.parametrize("route", ["completion", "chat"])
 def test_a_request_right_after_an_oversize_prompt_is_served(target_model, draft_model, route):
     """A prompt far too long for the context must not hold up the request after it: on a real model an 8 MB
     prompt was tokenized for 11.5 s on the one tokenizer thread, and the next request waited behind it. Here
     tokenizing such a text blocks until the test ends, as if it took forever."""
     decoder = make_decoder(target_model, draft_model, tiny_tokenizer())
-    name = "encode" if route == "completion" else "encode_chat"
-    real = getattr(decoder, name)
     release = threading.Event()
-    oversize_tokenized = []
-
-    def forever_on_oversize(arg, *args, **kwargs):
-        chars = len(arg) if isinstance(arg, str) else sum(len(m["content"]) for m in arg)
-        if chars > PROMPT_LIMIT:
-            oversize_tokenized.append(chars)
-            release.wait(60)
-        return real(arg, *args, **kwargs)
-
-    setattr(decoder, name, forever_on_oversize)
+    oversize_tokenized = block_tokenizing_above(decoder, route, PROMPT_LIMIT, release)
     text = "w1 " * 200_000  # 600,000 characters: 200,000 tokens, far over the 256-token context
     if route == "completion":
         path, big, small = COMPLETIONS, {"prompt": text}, {"prompt": "w1 w2", "max_tokens": 3}
@@ -293,19 +300,8 @@ def test_long_prompts_being_tokenized_never_hold_up_a_short_one(target_model, dr
     from specdec.server.app import SHORT_PROMPT_CHARS
 
     decoder = make_decoder(target_model, draft_model, tiny_tokenizer())
-    name = "encode" if route == "completion" else "encode_chat"
-    real = getattr(decoder, name)
     release = threading.Event()
-    held = []
-
-    def forever_on_long(arg, *args, **kwargs):
-        chars = len(arg) if isinstance(arg, str) else sum(len(m["content"]) for m in arg)
-        if chars > SHORT_PROMPT_CHARS:
-            held.append(chars)
-            release.wait(60)
-        return real(arg, *args, **kwargs)
-
-    setattr(decoder, name, forever_on_long)
+    held = block_tokenizing_above(decoder, route, SHORT_PROMPT_CHARS, release)
     text = "w1 " * (SHORT_PROMPT_CHARS // 3 + 10)
     assert SHORT_PROMPT_CHARS < len(text) <= PROMPT_LIMIT
     if route == "completion":
