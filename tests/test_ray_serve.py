@@ -454,6 +454,17 @@ def test_ten_times_what_the_ingress_holds_at_once_gets_429s_and_nothing_is_lost(
         assert http.get("/replicas", headers=AUTH).status_code == 200
 
 
+def _wait_for_replica_count(http, replica: str, field: str, at_least: int, failure: str) -> None:
+    """Poll /replicas until `replica` reports at least `at_least` requests `running` or `waiting` (30 s)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rows = {r["replica"]: r for r in http.get("/replicas", headers=AUTH).json()["replicas"]}
+        if rows.get(replica, {}).get(field, 0) >= at_least:
+            return
+        time.sleep(0.2)
+    raise AssertionError(failure)
+
+
 def _read_events(response, events: list, first: threading.Event) -> None:
     for line in response.iter_lines():
         if line.startswith("data:"):
@@ -500,24 +511,10 @@ def test_a_replica_killed_mid_stream_is_survived_and_replaced(cluster, reference
 
             worker = threading.Thread(target=send_working, daemon=True)
             worker.start()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                rows = {r["replica"]: r for r in http.get("/replicas", headers=AUTH).json()["replicas"]}
-                if rows.get(victim, {}).get("running", 0) >= 2:
-                    break
-                time.sleep(0.2)
-            else:
-                raise AssertionError("the non-streamed request never ran on the victim")
+            _wait_for_replica_count(http, victim, "running", 2, "the non-streamed request never ran on the victim")
             waiter = threading.Thread(target=send_queued, daemon=True)
             waiter.start()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                rows = {r["replica"]: r for r in http.get("/replicas", headers=AUTH).json()["replicas"]}
-                if rows.get(victim, {}).get("waiting", 0) >= 1:
-                    break
-                time.sleep(0.2)
-            else:
-                raise AssertionError("the third request never queued on the victim")
+            _wait_for_replica_count(http, victim, "waiting", 1, "the third request never queued on the victim")
             # A stream on the other replica, running when the victim dies.
             with http.stream("POST", "/v1/chat/completions", headers={**AUTH, "X-Session-ID": safe_session},
                              json=_chat_body(safe_text, 200, True)) as safe:

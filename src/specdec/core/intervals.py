@@ -122,9 +122,6 @@ def paired_ratios(runs: Iterable[dict], method: str, baseline: str = "plain") ->
     return ratios
 
 
-__all__ = ["SpeedupInterval", "paired_ratios", "regularized_beta", "speedup_interval", "t_cdf", "t_quantile"]
-
-
 def binomial_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
     """The Clopper-Pearson (exact) two-sided interval on a success probability from `successes` of `trials`:
     the bounds are beta quantiles, found by bisection on regularized_beta. Conservative: it covers the true
@@ -148,3 +145,7 @@ def binomial_interval(successes: int, trials: int, confidence: float = 0.95) -> 
     lower = 0.0 if successes == 0 else beta_quantile(tail, successes, trials - successes + 1)
     upper = 1.0 if successes == trials else beta_quantile(1.0 - tail, successes + 1, trials - successes)
     return lower, upper
+
+
+__all__ = ["SpeedupInterval", "binomial_interval", "paired_ratios", "regularized_beta", "speedup_interval", "t_cdf",
+           "t_quantile"]

@@ -530,8 +530,6 @@ class BatchEngine:
         return StepOutput(sequence.request_id, new_tokens, new_from_draft, delta, finish, stats=stats)
 
 
-
-
 def _failed(sequence: RunningSequence, error: BaseException) -> StepOutput:
     """The record of a sequence that an error ended (it has left the engine)."""
     return StepOutput(sequence.request_id, [], [], "", "error", error, sequence.stats)

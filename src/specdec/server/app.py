@@ -199,6 +199,11 @@ def work_started_hook(request: Request) -> Callable[[], None] | None:
 KEYED_PATHS = ("/metrics", "/redoc", "/openapi.json")  # with /docs*: a key holder's, as /v1/* is
 
 
+def needs_key(path: str) -> bool:
+    """Whether a path needs the API key when keys are set: the API and what describes the server."""
+    return path.startswith("/v1") or path.startswith("/docs") or path in KEYED_PATHS
+
+
 class APIKeyMiddleware:
     """Require `Authorization: Bearer <key>` on /v1/* and on what describes the server (/metrics, /docs, /redoc,
     /openapi.json); /health stays open for load balancers. The key names the request's tenant (scope state
@@ -209,16 +214,10 @@ class APIKeyMiddleware:
         self.tenants = tenants
         self.metrics = metrics
 
-    def _tenant(self, scope) -> str | None:
-        header = dict(scope.get("headers") or []).get(b"authorization", b"")
-        scheme, _, token = header.strip().partition(b" ")
-        return self.tenants.tenant_of(token.strip()) if scheme.lower() == b"bearer" else None
-
     async def __call__(self, scope, receive, send):
-        path = scope.get("path", "")
-        protected = scope["type"] == "http" and scope["method"] != "OPTIONS" and (
-            path.startswith("/v1") or path in KEYED_PATHS or path.startswith("/docs"))
-        tenant = self._tenant(scope) if protected else None
+        protected = scope["type"] == "http" and scope["method"] != "OPTIONS" and needs_key(scope.get("path", ""))
+        headers = dict(scope.get("headers") or [])
+        tenant = self.tenants.tenant_of_header(headers.get(b"authorization", b"")) if protected else None
         if tenant is not None:
             scope.setdefault("state", {})["tenant"] = tenant
         if protected and tenant is None:
@@ -392,8 +391,8 @@ def create_app(
         check_chat_options(req)
         messages = chat_messages(req)
         text_chars = sum(len(m["content"]) + len(m.get("name", "")) for m in messages)
-        check_prompt_chars(text_chars, state.engine.target.max_context, "messages")
         max_context = state.engine.target.max_context
+        check_prompt_chars(text_chars, max_context, "messages")
         try:
             prompt_ids = await state.prepare(text_chars, state.decoder.encode_chat, messages,
                                              lambda text: check_rendered_chars(len(text), max_context))

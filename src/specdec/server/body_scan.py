@@ -3,6 +3,7 @@ millions of tiny values is refused before any parser builds them and the event l
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 SCAN_WINDOW_BYTES = 1 << 18  # ~2 ms of work per window on the 2-vCPU EPYC: the loop answers others in between
@@ -43,3 +44,20 @@ def structure_counts(body: bytes, window: int = SCAN_WINDOW_BYTES) -> Iterator[i
 def may_exceed(body: bytes, max_values: int) -> bool:
     """Whether `body` is long enough that its count could pass `max_values` (each counted byte is one byte)."""
     return len(body) > max_values
+
+
+async def holds_more_values(body: bytes, max_values: int) -> bool:
+    """Whether `body` holds more than `max_values` items and members; counted a window at a time, handing the
+    event loop back between windows so that other requests are answered meanwhile."""
+    if not may_exceed(body, max_values):
+        return False
+    for count in structure_counts(body):
+        if count > max_values:
+            return True
+        await asyncio.sleep(0)
+    return False
+
+
+def too_many_values_message(max_values: int) -> str:
+    return (f"the request body holds more than {max_values} JSON values (array items and object members); this "
+            f"server parses at most {max_values}: send fewer messages, parts or token ids")

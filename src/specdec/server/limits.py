@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
 
-from specdec.server.body_scan import may_exceed, structure_counts
+from specdec.server.body_scan import holds_more_values, too_many_values_message
 from specdec.server.errors import APIError
 from specdec.server.metrics import ServerMetrics
 
@@ -172,16 +172,11 @@ class RequestBodyGuard:
             return
         except _ClientGone:
             return
-        if may_exceed(body, self.max_values):
-            for count in structure_counts(body):
-                if count > self.max_values:
-                    self.metrics.request_error(413)
-                    await _send_error(scope, receive, send, 413,
-                                      f"the request body holds more than {self.max_values} JSON values (array items "
-                                      f"and object members); this server parses at most {self.max_values}: send "
-                                      f"fewer messages, parts or token ids", "too_many_json_values")
-                    return
-                await asyncio.sleep(0)  # one window at a time: other requests are answered in between
+        if await holds_more_values(body, self.max_values):
+            self.metrics.request_error(413)
+            await _send_error(scope, receive, send, 413, too_many_values_message(self.max_values),
+                              "too_many_json_values")
+            return
         replayed = False
 
         async def replay():

@@ -59,8 +59,8 @@ from starlette.responses import Response
 from specdec.cli.flags import model_ref_from_args, spec_from_args
 from specdec.decoder import SpecDecoder
 from specdec.server import ray_affinity, sse
-from specdec.server.app import KEYED_PATHS, WORK_STARTED, create_app
-from specdec.server.body_scan import may_exceed, structure_counts
+from specdec.server.app import WORK_STARTED, create_app, needs_key
+from specdec.server.body_scan import holds_more_values, too_many_values_message
 from specdec.server.errors import APIError, error_body
 from specdec.server.limits import (
     DEFAULT_MAX_BODY_VALUES,
@@ -386,7 +386,7 @@ class SpecdecIngress:
             return refused
         tenant = None
         if self.tenants is not None and method != "OPTIONS" and _is_keyed(path):
-            tenant = self._tenant(request)
+            tenant = self.tenants.tenant_of_header(request.headers.get("authorization", "").encode("latin-1"))
             if tenant is None:  # refused before a byte of the body is read
                 return _error(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
                               "invalid_api_key", {"WWW-Authenticate": "Bearer"})
@@ -408,12 +408,8 @@ class SpecdecIngress:
                               "request_timeout")
             if body is None:
                 return _too_large(self.max_request_bytes)
-            if may_exceed(body, DEFAULT_MAX_BODY_VALUES):
-                for count in structure_counts(body):
-                    if count > DEFAULT_MAX_BODY_VALUES:
-                        return _error(413, f"the request body holds more than {DEFAULT_MAX_BODY_VALUES} JSON values "
-                                      "(array items and object members)", "too_many_json_values")
-                    await asyncio.sleep(0)
+            if await holds_more_values(body, DEFAULT_MAX_BODY_VALUES):
+                return _error(413, too_many_values_message(DEFAULT_MAX_BODY_VALUES), "too_many_json_values")
             scope = request.scope
             forwarded = {
                 "method": method, "path": scope.get("path", path), "raw_path": scope.get("raw_path"),
@@ -427,10 +423,6 @@ class SpecdecIngress:
         finally:
             if not handed_over:
                 self.in_flight -= 1
-
-    def _tenant(self, request: Request) -> str | None:
-        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
-        return self.tenants.tenant_of(token.strip().encode("latin-1")) if scheme.lower() == "bearer" else None
 
     async def _read(self, request: Request) -> bytes | None:
         parts, size = [], 0
@@ -577,8 +569,8 @@ def _asgi(message: tuple) -> dict:
 
 
 def _is_keyed(path: str) -> bool:
-    """What needs a key when keys are set: the API, what describes the server, and the replicas' view."""
-    return path.startswith("/v1") or path.startswith("/docs") or path in KEYED_PATHS or path == "/replicas"
+    """What needs a key when keys are set: what `specdec serve` keys (app.needs_key), and the replicas' view."""
+    return needs_key(path) or path == "/replicas"
 
 
 def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> Response:

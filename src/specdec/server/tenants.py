@@ -47,6 +47,11 @@ class TenantKeys:
             with self._lock:
                 self._digests = digests
 
+    def tenant_of_header(self, authorization: bytes) -> str | None:
+        """The tenant of an `Authorization: Bearer <key>` header's value; None: no bearer key, or no such key."""
+        scheme, _, token = authorization.strip().partition(b" ")
+        return self.tenant_of(token.strip()) if scheme.lower() == b"bearer" else None
+
     def tenant_of(self, token: bytes) -> str | None:
         """The tenant of a presented key, compared in constant time against every digest; None: no such key."""
         digest = key_digest(token)
