@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "specdec"
 LAYERS = {
     "specdec.version": 0, "specdec.errors": 0, "specdec.host": 0,  # what the machine and the user's input can be
     "specdec.config": 1,  # the options of a run, checked
+    "specdec.fim": 1,  # fill-in-the-middle prompt layouts (pure; a backend names its FIM tokens with it)
     "specdec.core": 2,  # the math: sampling, verification, statistics, intervals, cost curves
     "specdec.backends": 3,  # model passes and their caches
     "specdec.drafters": 4, "specdec.kpolicy": 4, "specdec.loading": 4,

@@ -235,7 +235,7 @@ def test_run_asgi_relays_an_apps_response_and_cancels_it_when_the_caller_leaves(
 
     # An app that tells when its model work begins (from another thread, as the engine worker does): the
     # runner says so once, between the messages it was sent before and after.
-    from specdec.server.app import WORK_STARTED
+    from specdec.server.dispatch import WORK_STARTED
 
     async def working_app(scope, receive, send):
         await receive()

@@ -40,18 +40,26 @@ def byte_symbols() -> list[str]:
     return [chr(c) for c in codes]
 
 
-def vocabulary() -> tuple[list[str], list[int], list[str]]:
+# Qwen2.5-Coder's fill-in-the-middle and repository tokens, after the other specials in a `fim=True` file (so
+# every other id is the same as in a file without them); llama.cpp finds them by their text, as in the default
+# pair's GGUF, which names no FIM ids.
+FIM_SPECIALS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+
+
+def vocabulary(fim: bool = False) -> tuple[list[str], list[int], list[str]]:
     """Tokens, their GGUF token types (1 normal, 3 control) and the merges, in id order."""
     tokens = byte_symbols()
     for left, right in MERGES:
         assert left in tokens and right in tokens, (left, right)
         tokens.append(left + right)
-    types = [1] * len(tokens) + [3] * len(SPECIALS)
-    tokens += list(SPECIALS)
+    specials = SPECIALS + (FIM_SPECIALS if fim else ())
+    types = [1] * len(tokens) + [3] * len(specials)
+    tokens += list(specials)
     return tokens, types, [f"{left} {right}" for left, right in MERGES]
 
 
 VOCAB = len(vocabulary()[0])
+FIM_IDS = {text: VOCAB + i for i, text in enumerate(FIM_SPECIALS)}  # in a fim=True file
 EOS_ID = VOCAB - 1  # <|im_end|>
 ENDOFTEXT_ID = VOCAB - 3
 
@@ -69,17 +77,18 @@ def write_tiny_gguf(
     dtype: str = "f32",
     scale: float = 8.0,
     noise: float = 0.0,
+    fim: bool = False,
 ) -> Path:
     """Write a random Qwen2 model; 2-D weights are scaled by `scale` so logits are peaked (argmax is not a
     rounding decision). dtype: "f32", "f16" or "q4_0" (2-D weights except the embedding). noise > 0 adds
     independent noise of that relative size to every 2-D weight: a model correlated with the one of the
-    same seed, but not equal (a draft that is sometimes right)."""
+    same seed, but not equal (a draft that is sometimes right). fim=True adds the FIM_SPECIALS tokens."""
     import gguf
 
     path = Path(path)
     rng = np.random.default_rng(seed)
     noise_rng = np.random.default_rng(seed + 1_000_003)
-    tokens, types, merges = vocabulary()
+    tokens, types, merges = vocabulary(fim)
     vocab = len(tokens)
     head_dim = hidden // heads
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Callable, Iterator, Sequence
 
 from specdec.config import ModelRef, SamplingParams, SpecConfig
@@ -9,6 +11,7 @@ from specdec.drafters import create_drafter
 from specdec.engine.output import Generation, StepOutput
 from specdec.engine.scheduler import BatchEngine
 from specdec.engine.single import SpeculativeEngine
+from specdec.fim import ExtraChunk, FimTokens, InfillPrompt, InfillWindow, infill_prompt
 from specdec.loading.models import load_pair
 
 
@@ -71,16 +74,65 @@ class SpecDecoder:
 
     def encode_chat(self, messages: Sequence[dict], check_text: Callable[[str], None] | None = None) -> list[int]:
         """Apply the chat template and tokenize; `check_text` sees the templated text first and may refuse it
-        (raise), so text that cannot fit is never tokenized."""
+        (raise), so text that cannot fit is never tokenized. Special-token text inside a message (a user
+        pasting `<|im_end|>` or `<|fim_prefix|>`) stays text: only the template writes control tokens."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model's tokenizer has no chat template; use a completion prompt")
-        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        messages = list(messages)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if check_text is not None:
             check_text(text)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not any(self._special_text.search(str(m.get("content", ""))) for m in messages):
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])  # the common case, as ever
+        return chat_ids_keeping_content_text(self.tokenizer, messages, self.encode_text)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Plain text to ids: no BOS, and special-token text tokenized as the characters it is."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer; pass token ids instead of text")
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+    @functools.cached_property
+    def fim_tokens(self) -> FimTokens:
+        """The target's fill-in-the-middle tokens (FimTokens.supported: whether it can infill)."""
+        return self.target.fim_tokens()
+
+    def encode_infill(self, prefix: str, suffix: str, prompt: str = "", extra: Sequence[ExtraChunk] = (),
+                      window: InfillWindow | None = InfillWindow()) -> InfillPrompt:
+        """A FIM prompt in llama-server's layout (fim.infill_prompt); every text part is plain text. Raises
+        ValueError naming the missing tokens when the target cannot infill."""
+        return infill_prompt(self.fim_tokens, self.encode_text, prefix, suffix, self.encode_text(prompt), extra,
+                             window)
+
+    @functools.cached_property
+    def _special_text(self) -> re.Pattern:
+        """Matches the text of any special (control) token of the tokenizer; never matches without one."""
+        texts = sorted((t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special),
+                       key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts)) if texts else r"(?!)")
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig | None = None) -> Generation:
         return self.engine(spec).generate(prompt_ids, params)
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams, spec: SpecConfig | None = None) -> Iterator[StepOutput]:
         return self.engine(spec).stream(prompt_ids, params)
+
+
+def chat_ids_keeping_content_text(tokenizer, messages: Sequence[dict], encode_text: Callable[[str], list[int]]) -> list[int]:
+    """The chat template's ids with each message's content tokenized as plain text: the template is rendered
+    with a private-use placeholder per message, its own text tokenized with control tokens, the contents
+    without. A template that does not copy each content through once cannot be split so: ValueError."""
+    marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+    stand_ins = [{**m, "content": mark} if isinstance(m.get("content"), str) else m for m, mark in zip(messages, marks)]
+    rendered = tokenizer.apply_chat_template(stand_ins, tokenize=False, add_generation_prompt=True)
+    pieces = re.split("\ue000(\\d+)\ue001", rendered)
+    used = [int(i) for i in pieces[1::2]]
+    if sorted(used) != [i for i, m in enumerate(messages) if isinstance(m.get("content"), str)]:
+        raise ValueError("special-token text in a message cannot be kept as text with this chat template")
+    ids: list[int] = []
+    for index, piece in enumerate(pieces):
+        if index % 2:
+            ids += encode_text(messages[int(piece)]["content"])
+        elif piece:
+            ids += tokenizer(piece, add_special_tokens=False)["input_ids"]
+    return ids

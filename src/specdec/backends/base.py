@@ -11,6 +11,7 @@ import torch
 
 from specdec.backends.kvcache import ContextOverflowError, KVCache
 from specdec.core.sampling import greedy_tokens
+from specdec.fim import FimTokens, detect_fim_tokens
 
 
 @dataclass
@@ -108,6 +109,14 @@ class ModelBackend(ABC):
     def token_strings(self) -> list[bytes] | None:
         """Every token's stored text by id, for vocabulary checks between two models (None: ask the tokenizer)."""
         return None
+
+    def fim_tokens(self) -> FimTokens:
+        """The model's fill-in-the-middle token ids; by default found by their text in the tokenizer's vocabulary
+        (as llama.cpp finds them in a GGUF that names no ids), with the BOS the tokenizer puts first."""
+        if self.tokenizer is None:
+            return FimTokens()
+        first = list(self.tokenizer("", add_special_tokens=True)["input_ids"])
+        return detect_fim_tokens(self.tokenizer.get_vocab(), bos=first[0] if first else None)
 
 
 def forward_batch(backend: ModelBackend, batch: Sequence[BatchRows]) -> list[torch.Tensor]:

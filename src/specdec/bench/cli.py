@@ -10,6 +10,7 @@ import sys
 import torch
 
 from specdec.bench.datasets import DEFAULT_TASKS, SPEC_BENCH, TASKS, DatasetError, parse_tasks, select_prompts
+from specdec.bench.fim.cli import add_fim_arguments, run_fim_command
 from specdec.bench.gpu.cli import add_gpu_arguments, run_gpu_bench_command, wants_gpu_bench
 from specdec.bench.llamacpp_peer import PeerError, binaries_dir, gguf_files, missing_reason
 from specdec.bench.method.exact import exact_missing_reason
@@ -38,6 +39,9 @@ from specdec.cli.flags import (
 )
 from specdec.config import ConfigError, ModelRef
 from specdec.decoder import SpecDecoder
+
+METHOD_CONTEXT = 2048  # HumanEval chat prompts stay under ~1k tokens, Spec-Bench's first turns under ~1.7k
+FIM_CONTEXT = 4096
 
 
 def register(commands) -> None:
@@ -104,12 +108,15 @@ def register(commands) -> None:
 
     add_gpu_arguments(bench)
     add_serving_arguments(bench)
-    # HumanEval chat prompts stay under ~1k tokens, Spec-Bench's first turns under ~1.7k; a smaller KV cache
-    # per engine keeps a 10-method run lean.
-    bench.set_defaults(handler=run_bench_command, max_context=2048)
+    # A smaller KV cache per engine keeps a 10-method run lean (METHOD_CONTEXT). --fim: FIM_CONTEXT, so
+    # llama-server's infill window (a 2048-token batch for prefix and suffix, the rest of the context less
+    # 2 x n_predict for other files) keeps the same tokens on both servers.
+    add_fim_arguments(bench)
+    bench.set_defaults(handler=run_bench_command, max_context=None)
     for action in bench._actions:
         if action.dest == "max_context":
-            action.help = "KV cache capacity in tokens (prompt + generated); default 2048 for bench"
+            action.help = ("KV cache capacity in tokens (prompt + generated); default 2048 for bench, "
+                           f"{FIM_CONTEXT} for --fim")
         if action.dest == "threads":  # a list here: parse_thread_list reads it, with errors as ConfigError
             action.type = str
             action.metavar = "N[,N...]"
@@ -168,6 +175,13 @@ def bench_model_ref(args: argparse.Namespace, threads: int | None = None) -> Mod
 
 def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
     """The `specdec bench` handler; `decoder` (an already loaded SpecDecoder) skips model loading."""
+    fim = getattr(args, "fim", False)
+    if args.max_context is None:
+        args.max_context = FIM_CONTEXT if fim else METHOD_CONTEXT
+    if fim:
+        if decoder is not None or getattr(args, "serve", False):
+            raise ConfigError("--fim starts its own servers: it takes no loaded decoder and no --serve")
+        return run_fim_command(args)
     if getattr(args, "serve", False):
         if decoder is not None:
             raise ConfigError("--serve starts its own servers; it takes no loaded decoder")

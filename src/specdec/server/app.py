@@ -20,13 +20,19 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.backends.kvcache import ContextOverflowError
-from specdec.config import SamplingParams
 from specdec.server import sse
+from specdec.server.dispatch import (
+    JobStreamingResponse,
+    check_fits,
+    engine_error,
+    submit,
+    watch_disconnect,
+)
 from specdec.server.errors import APIError, bad_request, error_body, error_responses, unsupported
+from specdec.server.infill import fim_prompt_ids, register_infill
 from specdec.server.limits import HostCheckMiddleware, RequestBodyGuard, ServerLimits, queue_full
 from specdec.server.metrics import ServerMetrics
 from specdec.server.pacing import TokenPacer
@@ -54,7 +60,6 @@ from specdec.server.worker import EngineWorker, Job, ServerShuttingDown
 log = logging.getLogger("specdec.server")
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-DISCONNECT_POLL_SECONDS = 0.2
 # Prompts longer than this (characters; ~4k tokens of English) are tokenized on the long lane (ServerState.prepare).
 SHORT_PROMPT_CHARS = 16384
 DRAIN_POLL_SECONDS = 0.05
@@ -186,16 +191,6 @@ class ServerState:
         return out
 
 
-# A runner of the app (the Ray replica, ray_serve.run_asgi) may put a thread-safe zero-argument callable under this
-# key of the ASGI scope's state: it is called when the request's job enters the engine (prefill begins), so the
-# runner knows whether a crash came while the engine was working on the request or while it only waited.
-WORK_STARTED = "specdec.work_started"
-
-
-def work_started_hook(request: Request) -> Callable[[], None] | None:
-    return request.scope.get("state", {}).get(WORK_STARTED)
-
-
 KEYED_PATHS = ("/metrics", "/redoc", "/openapi.json")  # with /docs*: a key holder's, as /v1/* is
 
 
@@ -228,20 +223,6 @@ class APIKeyMiddleware:
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
-
-
-class JobStreamingResponse(StreamingResponse):
-    """An SSE response that cancels its job however the response ends (finished, failed, client gone)."""
-
-    def __init__(self, content, job: Job):
-        super().__init__(content, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
-        self.job = job
-
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.job.cancel()
 
 
 def create_app(
@@ -371,14 +352,16 @@ def create_app(
         check_completion_options(req)
         params = sampling_params(req, req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS)
         prompt = _single_prompt(req.prompt)
-        if isinstance(prompt, str):
+        if req.suffix is not None:  # OpenAI's insert form: fill in between the prompt and the suffix
+            prompt_ids = await fim_prompt_ids(state, prompt, req.suffix, params)
+        elif isinstance(prompt, str):
             # Refused by length first: a text that cannot fit would hold the tokenizer thread, and every
             # request queued behind it there, for as long as tokenizing it takes.
             check_prompt_chars(len(prompt), state.engine.target.max_context, "prompt")
             prompt_ids = await state.prepare(len(prompt), _encode_prompt, state, prompt)
         else:
             prompt_ids = prompt  # token ids: _check_fits refuses a list too long by its length alone
-        _check_fits(state, prompt_ids, params, "prompt")
+        check_fits(state, prompt_ids, params, "prompt")
         ctx = ResponseContext("completion", model)
         return await _respond(state, ctx, prompt_ids, params, req, request)
 
@@ -408,10 +391,11 @@ def create_app(
             max_tokens, param = req.max_tokens, "max_tokens"
         room = max(1, state.engine.target.max_context - len(prompt_ids))
         params = sampling_params(req, max_tokens, room, param)
-        _check_fits(state, prompt_ids, params, "messages")
+        check_fits(state, prompt_ids, params, "messages")
         ctx = ResponseContext("chat", model)
         return await _respond(state, ctx, prompt_ids, params, req, request)
 
+    register_infill(app, state)
     return app
 
 
@@ -435,63 +419,21 @@ def _encode_prompt(state: ServerState, prompt: str) -> list[int]:
         raise bad_request(str(exc), "prompt") from exc
 
 
-def _check_fits(state: ServerState, prompt_ids: list[int], params: SamplingParams, param: str) -> None:
-    """Refuse before queueing anything that the engine would refuse (context overflow, bad token ids)."""
-    try:
-        state.engine.check_request(prompt_ids, params)
-    except ContextOverflowError as exc:
-        raise APIError(400, f"{exc}; shorten the prompt or lower max_tokens", param=param,
-                       code="context_length_exceeded") from exc
-    except ValueError as exc:
-        raise bad_request(str(exc), param) from exc
-
-
-def _engine_error(exc: BaseException | None) -> APIError:
-    if isinstance(exc, ServerShuttingDown):
-        return APIError(503, str(exc), code="server_shutting_down")
-    if isinstance(exc, ContextOverflowError):
-        return APIError(400, str(exc), code="context_length_exceeded")
-    if isinstance(exc, ValueError):
-        return bad_request(str(exc))
-    log.error("generation failed", exc_info=exc)  # the detail goes to the log, not to a client
-    return APIError(500, "generation failed (an internal error; the server log has the details)")
-
-
-def cache_partition(request: Request, req) -> object:
-    """Who may share this request's cross-request caches: the tenant its API key names (never a request field),
-    narrowed by its `cache_salt` or `prompt_cache_key`; None (everything shared) with no keys and no salt."""
-    tenant = getattr(request.state, "tenant", None)
-    salt = req.cache_salt if req.cache_salt is not None else req.prompt_cache_key
-    if salt is None:
-        return tenant
-    return (tenant, salt)
-
-
 async def _respond(state: ServerState, ctx: ResponseContext, prompt_ids, params, req, request: Request):
-    job = Job(prompt_ids, params, partition=cache_partition(request, req), on_start=work_started_hook(request))
+    job = submit(state, prompt_ids, params, req, request)
     include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-    state.admit()  # the queue may have filled, or shutdown begun, while this request was being tokenized
-    state.worker.submit(job)
     if req.stream:
         return JobStreamingResponse(_sse_stream(state, ctx, job, include_usage), job)
     return await _collect(state, ctx, job, request)
 
 
-async def _watch_disconnect(request: Request, job: Job) -> None:
-    while not job.done.is_set():
-        if await request.is_disconnected():
-            job.cancel()
-            return
-        await asyncio.sleep(DISCONNECT_POLL_SECONDS)
-
-
 async def _collect(state: ServerState, ctx: ResponseContext, job: Job, request: Request) -> JSONResponse:
     texts: list[str] = []
-    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    watcher = asyncio.create_task(watch_disconnect(request, job))
     try:
         async for output in job.outputs_until_done():
             if output.error is not None:
-                raise _engine_error(output.error)
+                raise engine_error(output.error)
             texts.append(output.text)
     finally:
         watcher.cancel()
@@ -519,7 +461,7 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
             yield sse.event(ctx.chunk("", role=True, include_usage=include_usage))
         async for output in job.outputs_until_done():
             if output.error is not None:
-                error = _engine_error(output.error)
+                error = engine_error(output.error)
                 state.metrics.request_error(error.status)
                 yield sse.event(error.body())
                 continue

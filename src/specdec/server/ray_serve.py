@@ -59,8 +59,9 @@ from starlette.responses import Response
 from specdec.cli.flags import model_ref_from_args, spec_from_args
 from specdec.decoder import SpecDecoder
 from specdec.server import ray_affinity, sse
-from specdec.server.app import WORK_STARTED, create_app, needs_key
+from specdec.server.app import create_app, needs_key
 from specdec.server.body_scan import holds_more_values, too_many_values_message
+from specdec.server.dispatch import WORK_STARTED
 from specdec.server.errors import APIError, error_body
 from specdec.server.limits import (
     DEFAULT_MAX_BODY_VALUES,

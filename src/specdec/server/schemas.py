@@ -29,7 +29,7 @@ from specdec.server.request_limits import (
 # ---------------------------------------------------------------------------------------------------------
 
 
-class _StrictModel(BaseModel):
+class StrictModel(BaseModel):
     # strict: JSON types only, never coerced ("3" is no integer, true no token id); a float field still
     # takes a JSON integer (`temperature: 1`), which is the same JSON number.
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -89,11 +89,11 @@ def _encodable(text: str) -> bool:
     return True
 
 
-class StreamOptions(_StrictModel):
+class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class _GenerationRequest(_StrictModel):
+class _GenerationRequest(StrictModel):
     """Fields shared by /v1/completions and /v1/chat/completions.
 
     Unknown fields are refused (400), and known options that would change the output but that
@@ -134,13 +134,18 @@ class _GenerationRequest(_StrictModel):
         messages = data.get("messages") if isinstance(data, dict) else None
         if isinstance(messages, list) and len(messages) > MAX_CHAT_MESSAGES:
             return data  # refused by its length next (too_long), without reading its text first
-        path = lone_surrogate_path(data)
-        if path is not None:
-            where = f"'{path}'" if path else "the request body"
-            raise PydanticCustomError(
-                "invalid_unicode", "{where} is not valid Unicode text: it contains a lone UTF-16 surrogate "
-                "(a \\ud800-\\udfff escape that is not half of a pair)", {"where": where, "param": path or None})
-        return data
+        return refuse_lone_surrogates(data)
+
+
+def refuse_lone_surrogates(data: Any) -> Any:
+    """A request body's validator: any string holding a lone UTF-16 surrogate is refused, naming its path."""
+    path = lone_surrogate_path(data)
+    if path is not None:
+        where = f"'{path}'" if path else "the request body"
+        raise PydanticCustomError(
+            "invalid_unicode", "{where} is not valid Unicode text: it contains a lone UTF-16 surrogate "
+            "(a \\ud800-\\udfff escape that is not half of a pair)", {"where": where, "param": path or None})
+    return data
 
 
 class CompletionRequest(_GenerationRequest):
@@ -151,7 +156,7 @@ class CompletionRequest(_GenerationRequest):
     suffix: str | None = None
 
 
-class ChatMessage(_StrictModel):
+class ChatMessage(StrictModel):
     role: ChatRole  # "developer" is the newer name of "system"
     content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_CONTENT_PARTS)]
     name: str | None = None
@@ -205,8 +210,6 @@ def check_completion_options(req: CompletionRequest) -> None:
         raise unsupported("echo")
     if req.best_of not in (None, 1):
         raise unsupported("best_of", "only best_of=1")
-    if req.suffix:
-        raise unsupported("suffix")
 
 
 def check_chat_options(req: ChatCompletionRequest) -> None:

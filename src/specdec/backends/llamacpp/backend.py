@@ -82,6 +82,7 @@ from specdec.backends.llamacpp.probe import (
     fingerprint,
     library_file,
 )
+from specdec.fim import FimTokens
 from specdec.host.hugepages import NewRegions, malloc_uses_huge_pages
 from specdec.host.native_build import (
     cmake_args,
@@ -687,6 +688,20 @@ class LlamaCppBackend(ModelBackend):
     def token_strings(self) -> list[bytes]:
         """Every token's stored text, by id (for vocabulary checks between two models)."""
         return [self._llama.llama_vocab_get_text(self._vocab, t) for t in range(self.vocab_size)]
+
+    def fim_tokens(self) -> FimTokens:
+        """llama.cpp's own FIM ids for this GGUF (its metadata keys, else the token texts it knows), and its BOS
+        where the vocabulary adds one: the ids llama-server's /infill lays out."""
+        lib, vocab = self._llama, self._vocab
+
+        def present(token: int) -> int | None:
+            return int(token) if token is not None and int(token) >= 0 else None
+
+        bos = present(lib.llama_vocab_bos(vocab)) if lib.llama_vocab_get_add_bos(vocab) else None
+        return FimTokens(pre=present(lib.llama_vocab_fim_pre(vocab)), suf=present(lib.llama_vocab_fim_suf(vocab)),
+                         mid=present(lib.llama_vocab_fim_mid(vocab)), pad=present(lib.llama_vocab_fim_pad(vocab)),
+                         rep=present(lib.llama_vocab_fim_rep(vocab)), sep=present(lib.llama_vocab_fim_sep(vocab)),
+                         bos=bos)
 
     def close(self) -> None:
         self._closer()
