@@ -164,7 +164,8 @@ def validate_bench_args(args: argparse.Namespace) -> None:
 
 def bench_model_ref(args: argparse.Namespace, threads: int | None = None) -> ModelRef:
     """The model references of the command line with `threads` (args.threads may be a list here)."""
-    ref = model_ref_from_args(argparse.Namespace(**{**vars(args), "threads": None}))
+    context = args.max_context if args.max_context is not None else METHOD_CONTEXT
+    ref = model_ref_from_args(argparse.Namespace(**{**vars(args), "threads": None, "max_context": context}))
     if ref.draft is None and args.model == "default" and getattr(args, "draft", None) is None:
         # The default pair's draft model is loaded only when a method needs it (generate's rule would skip it).
         methods, _ = resolve_methods(args.methods, method_options(args))
