@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -17,10 +17,8 @@ from specdec.server import sse
 from specdec.server.errors import APIError, bad_request
 from specdec.server.worker import Job, ServerShuttingDown
 
-if TYPE_CHECKING:
-    from specdec.server.app import ServerState
-
 log = logging.getLogger("specdec.server")
+# `state` below is the app's ServerState (server/app.py imports this module, so it is not imported here).
 
 DISCONNECT_POLL_SECONDS = 0.2
 
@@ -48,7 +46,7 @@ class JobStreamingResponse(StreamingResponse):
             self.job.cancel()
 
 
-def check_fits(state: ServerState, prompt_ids: list[int], params: SamplingParams, param: str) -> None:
+def check_fits(state: Any, prompt_ids: list[int], params: SamplingParams, param: str) -> None:
     """Refuse before queueing anything that the engine would refuse (context overflow, bad token ids)."""
     try:
         state.engine.check_request(prompt_ids, params)
@@ -80,7 +78,7 @@ def cache_partition(request: Request, req) -> object:
     return (tenant, salt)
 
 
-def submit(state: ServerState, prompt_ids: list[int], params: SamplingParams, req, request: Request) -> Job:
+def submit(state: Any, prompt_ids: list[int], params: SamplingParams, req, request: Request) -> Job:
     """Queue a job for the engine in the request's cache partition (after the last admission check: the queue
     may have filled, or shutdown begun, while the request was being tokenized)."""
     job = Job(prompt_ids, params, partition=cache_partition(request, req), on_start=work_started_hook(request))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -25,9 +25,6 @@ from specdec.server.errors import APIError, bad_request, error_responses, unsupp
 from specdec.server.infill_reply import InfillReply
 from specdec.server.request_limits import check_prompt_chars
 from specdec.server.schemas import Stop, StrictModel, refuse_lone_surrogates
-
-if TYPE_CHECKING:
-    from specdec.server.app import ServerState
 
 # llama-server's default -b: its window takes the prefix's last 3/4 of it and the suffix's first 1/4 (at most half
 # the context here, so a small context keeps room for the extra files and the completion).
@@ -141,18 +138,18 @@ def infill_sampling(req: InfillRequest, room: int) -> tuple[SamplingParams, list
 # --------------------------------------------------------------------------------------------- prompts
 
 
-def _check_input_chars(state: ServerState, chars: int, param: str) -> None:
+def _check_input_chars(state: Any, chars: int, param: str) -> None:
     check_prompt_chars(chars, state.engine.target.max_context, param)
 
 
-def _require_fim(state: ServerState) -> None:
+def _require_fim(state: Any) -> None:
     tokens = state.decoder.fim_tokens
     if not tokens.supported:
         raise APIError(400, tokens.unsupported_message().strip() + " Use a FIM model (Qwen2.5-Coder, StarCoder2, "
                        "CodeLlama, DeepSeek-Coder, ...).", code="fim_not_supported")
 
 
-async def fim_prompt_ids(state: ServerState, prompt, suffix: str, params: SamplingParams) -> list[int]:
+async def fim_prompt_ids(state: Any, prompt, suffix: str, params: SamplingParams) -> list[int]:
     """/v1/completions with a suffix: the FIM prompt of prompt (the text before) and suffix, all of both kept (a
     prompt that cannot fit is a 400, never cut silently)."""
     if not isinstance(prompt, str):
@@ -172,7 +169,7 @@ def infill_window(context: int) -> InfillWindow:
 # --------------------------------------------------------------------------------------------- the route
 
 
-def register_infill(app: FastAPI, state: ServerState) -> None:
+def register_infill(app: FastAPI, state: Any) -> None:
     @app.post("/infill", responses=error_responses(400, 404))
     async def infill(req: InfillRequest, request: Request):
         state.require_ready()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import Request
 
@@ -13,10 +13,6 @@ from specdec.fim import InfillPrompt
 from specdec.server import sse
 from specdec.server.dispatch import engine_error, watch_disconnect
 from specdec.server.worker import Job
-
-if TYPE_CHECKING:
-    from specdec.server.app import ServerState
-    from specdec.server.infill import InfillRequest
 
 
 def indent_cut(text: str, n_indent: int) -> int | None:
@@ -88,7 +84,7 @@ def select_fields(body: dict[str, Any], paths: list[str]) -> dict[str, Any]:
 class InfillReply:
     """One /infill request's answers: collected (one per completion) or streamed."""
 
-    def __init__(self, state: ServerState, model: str, built: InfillPrompt, settings: dict, req: InfillRequest,
+    def __init__(self, state: Any, model: str, built: InfillPrompt, settings: dict, req: Any,
                  wanted: int):
         self.state, self.model, self.built, self.settings, self.req = state, model, built, settings, req
         self.cache_only = wanted == 0  # n_predict 0: the prompt is prefilled (and kept for reuse), no text

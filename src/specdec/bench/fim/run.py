@@ -79,7 +79,7 @@ async def _send(client, url: str, system: str, item: str, body: dict, timeout: f
 async def run_problems(servers: dict[str, ServerProcess], problems: Sequence[FimProblem], timeout: float,
                        say) -> list[InfillRecord]:
     """Each problem to every system in turn, one request at a time; an untimed warm-up per server first."""
-    import httpx
+    import httpx  # the bench extra (bench/fim/cli.py checked it is installed)
 
     records: list[InfillRecord] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0)) as client:
@@ -121,7 +121,7 @@ async def run_trace(servers: dict[str, ServerProcess], problems: Sequence[FimPro
     """The trace on ours (prefix cells and caches kept), on ours sent cold (a fresh cache_salt per request:
     nothing any earlier request left is used) and on llama-server (cache_prompt), request by request in turn;
     our server's memory and running requests before and after."""
-    import httpx
+    import httpx  # the bench extra (bench/fim/cli.py checked it is installed)
 
     systems = [s for s in ("ours", "llamacpp_plain", "llamacpp_ngram") if s in servers]
     plan = trace_requests(problems, options)
