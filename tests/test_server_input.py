@@ -290,7 +290,7 @@ def api_schema(live):
 # operation is driven here with its hypothesis strategy directly.
 OPERATIONS = [("GET", "/health", False), ("GET", "/metrics", False), ("GET", "/v1/models", False),
               ("GET", "/v1/models/{model_id}", False), ("POST", "/v1/completions", True),
-              ("POST", "/v1/chat/completions", True)]
+              ("POST", "/v1/chat/completions", True), ("POST", "/infill", True)]
 RUNS = [(method, path, mode) for method, path, has_input in OPERATIONS
         for mode in (["positive", "negative"] if has_input else ["positive"])]
 
