@@ -138,10 +138,6 @@ def infill_sampling(req: InfillRequest, room: int) -> tuple[SamplingParams, list
 # --------------------------------------------------------------------------------------------- prompts
 
 
-def _check_input_chars(state: Any, chars: int, param: str) -> None:
-    check_prompt_chars(chars, state.engine.target.max_context, param)
-
-
 def _require_fim(state: Any) -> None:
     tokens = state.decoder.fim_tokens
     if not tokens.supported:
@@ -155,7 +151,7 @@ async def fim_prompt_ids(state: Any, prompt, suffix: str, params: SamplingParams
     if not isinstance(prompt, str):
         raise bad_request("a suffix needs the prompt as text (the code before the insertion point)", "prompt")
     _require_fim(state)
-    _check_input_chars(state, len(prompt) + len(suffix), "prompt")
+    check_prompt_chars(len(prompt) + len(suffix), state.engine.target.max_context, "prompt")
     built = await state.prepare(len(prompt) + len(suffix), state.decoder.encode_infill, prompt, suffix, "", (), None)
     return built.ids
 
@@ -182,7 +178,7 @@ def register_infill(app: FastAPI, state: Any) -> None:
         extra = [ExtraChunk(c.text, c.filename) for c in req.input_extra]
         chars = (len(req.input_prefix) + len(req.input_suffix) + len(req.prompt)
                  + sum(len(c.text) + len(c.filename) for c in extra))
-        _check_input_chars(state, chars, "input_extra" if extra else "input_prefix")
+        check_prompt_chars(chars, state.engine.target.max_context, "input_extra" if extra else "input_prefix")
         context = state.engine.target.max_context
         infill_sampling(req, context)  # the options checked before any tokenizing
         built: InfillPrompt = await state.prepare(chars, state.decoder.encode_infill, req.input_prefix,

@@ -88,6 +88,7 @@ class InfillReply:
                  wanted: int):
         self.state, self.model, self.built, self.settings, self.req = state, model, built, settings, req
         self.cache_only = wanted == 0  # n_predict 0: the prompt is prefilled (and kept for reuse), no text
+        self.prompt_text = state.engine.decode(built.ids)  # once, for every completion of the request
 
     async def collect(self, job: Job, request: Request, index: int) -> dict[str, Any]:
         stops = InfillStops(self.req.n_indent, self.req.t_max_predict_ms)
@@ -146,7 +147,7 @@ class InfillReply:
             "index": index, "content": text, "tokens": tokens if self.req.return_tokens else [], "id_slot": -1,
             "stop": True, "model": self.model, "tokens_predicted": predicted,
             "tokens_evaluated": len(self.built.ids), "generation_settings": self.settings,
-            "prompt": self.state.engine.decode(self.built.ids), "has_new_line": "\n" in text,
+            "prompt": self.prompt_text, "has_new_line": "\n" in text,
             "truncated": self.built.truncated, "stop_type": stop_type, "stopping_word": word,
             "tokens_cached": len(self.built.ids) + predicted,
             "timings": self._timings(job, cached, prompt_n, predicted, stats),
