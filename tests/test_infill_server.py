@@ -89,6 +89,27 @@ def test_infill_equals_plain_greedy_of_llama_servers_layout(client, decoder):
     assert out["generation_settings"]["n_ctx"] == 1024 and out["model"] == "tiny-fim"
 
 
+def test_infill_penalties_follow_the_samplers_chain_and_match_plain_decoding(client, decoder):
+    ids = by_hand(decoder, PREFIX, SUFFIX)
+    free = decoder.generate(ids, SamplingParams(temperature=0, max_tokens=16), SpecConfig(drafter="none"))
+    options = {"repeat_penalty": 1.5, "repeat_last_n": 16, "frequency_penalty": 0.9,
+               "logit_bias": [[free.tokens[0], False]]}
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 16, **GREEDY, **options}
+    out = client.post("/infill", json=body).json()
+    expected = decoder.generate(ids, SamplingParams(temperature=0, max_tokens=16, repetition_penalty=1.5,
+                                                    repeat_last_n=16, frequency_penalty=0.9,
+                                                    logit_bias={free.tokens[0]: float("-inf")}),
+                                SpecConfig(drafter="none"))
+    assert out["content"] == expected.text != free.text
+    # Without "penalties" in the chain only logit_bias applies, as in llama-server.
+    chain = [s for s in GREEDY.get("samplers", ["top_k", "temperature"]) if s != "penalties"]
+    out = client.post("/infill", json={**body, "samplers": chain}).json()
+    only_bias = decoder.generate(ids, SamplingParams(temperature=0, max_tokens=16,
+                                                     logit_bias={free.tokens[0]: float("-inf")}),
+                                 SpecConfig(drafter="none"))
+    assert out["content"] == only_bias.text
+
+
 def test_infill_streams_llama_servers_events_without_done(client, decoder):
     body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 20, "stream": True, **GREEDY}
     with client.stream("POST", "/infill", json=body) as response:
@@ -203,7 +224,11 @@ def test_special_token_text_is_parsed_in_a_raw_completion_prompt_only(client, de
     ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": 5}, "prompt"),
     ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_cmpl": 9}, "n_cmpl"),
     ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "samplers": ["mirostat"]}, "samplers"),
-    ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "repeat_penalty": 1.1}, "repeat_penalty"),
+    ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "repeat_penalty": 0}, "repeat_penalty"),
+    ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "presence_penalty": 9}, "presence_penalty"),
+    ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "logit_bias": [[1, 200]]}, "logit_bias"),
+    ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "logit_bias": {"1": False, "01": 2}}, "logit_bias"),
+    ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "typical_p": 0.5}, "typical_p"),
     ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": -2}, "n_predict"),
     ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_cmpl": 2, "stream": True}, "n_cmpl"),
     ({"input_prefix": PREFIX, "input_suffix": SUFFIX, "bogus": 1}, "bogus"),

@@ -184,6 +184,26 @@ def test_completion_matches_plain_greedy_and_reports_specdec_stats(client, refer
                                and details.rejected_prediction_tokens in (None, 0))
 
 
+def test_penalties_and_logit_bias_match_plain_decoding_with_the_same_options(client, reference, tokenizer):
+    """Every penalty option through the openai SDK equals the library's plain decoding with the same options, and
+    the options really change the text (a wrong mapping would be caught either way)."""
+    ids = tokenizer(PROMPT)["input_ids"]
+    plain = reference(ids, max_tokens=20, temperature=0)
+    banned = plain.tokens[0]
+    options = dict(presence_penalty=0.7, frequency_penalty=0.4, logit_bias={str(banned): -100})
+    out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=0,
+                                    extra_body={"repetition_penalty": 1.3, "repeat_last_n": 8}, **options)
+    expected = reference(ids, max_tokens=20, temperature=0, presence_penalty=0.7, frequency_penalty=0.4,
+                         logit_bias={banned: -100.0}, repetition_penalty=1.3, repeat_last_n=8)
+    assert out.choices[0].text == expected.text != plain.text
+    assert banned not in expected.tokens
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
+                                          max_tokens=12, temperature=0, frequency_penalty=1.5)
+    chat_ids = reference.decoder.encode_chat([{"role": "user", "content": PROMPT}])
+    assert chat.choices[0].message.content == reference(chat_ids, max_tokens=12, temperature=0,
+                                                        frequency_penalty=1.5).text
+
+
 def test_completion_streaming_equals_non_streaming(client):
     whole = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0)
     chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
@@ -361,10 +381,16 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": PROMPT, "n": 2}, 400, "n", "unsupported_parameter"),
     ("/v1/completions", {"prompt": PROMPT, "logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
     ("/v1/completions", {"prompt": PROMPT, "echo": True}, 400, "echo", "unsupported_parameter"),
-    ("/v1/completions", {"prompt": PROMPT, "presence_penalty": 0.5}, 400, "presence_penalty", "unsupported_parameter"),
-    ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"5": 3}}, 400, "logit_bias", "unsupported_parameter"),
-    ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": 1.1}, 400, "repetition_penalty",
-     "unsupported_parameter"),
+    ("/v1/completions", {"prompt": PROMPT, "presence_penalty": 2.5}, 400, "presence_penalty", None),
+    ("/v1/completions", {"prompt": PROMPT, "frequency_penalty": -3}, 400, "frequency_penalty", None),
+    ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"w1": 3}}, 400, "logit_bias", None),
+    ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"5": 101}}, 400, "logit_bias", None),
+    ("/v1/completions", {"prompt": PROMPT, "logit_bias": {str(i): 1 for i in range(1025)}}, 400, "logit_bias", None),
+    ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"99999": 1}}, 400, None, None),
+    ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": 0}, 400, "repetition_penalty", None),
+    ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": 1.1, "repeat_penalty": 1.2}, 400,
+     "repetition_penalty", None),
+    ("/v1/completions", {"prompt": PROMPT, "repeat_last_n": -2}, 400, "repeat_last_n", None),
     ("/v1/completions", {"prompt": [PROMPT, PROMPT]}, 400, "prompt", "unsupported_parameter"),
     ("/v1/completions", {"prompt": PROMPT, "stream_options": {"include_usage": True}}, 400, "stream_options", None),
     ("/v1/completions", {"prompt": [5, 999]}, 400, "prompt", None),

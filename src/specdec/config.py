@@ -33,8 +33,35 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    # Logits processors (core/penalties.py), applied to the target at every verified row as plain decoding applies
+    # them after that row's prefix: OpenAI's presence/frequency penalties (over the output) and logit_bias
+    # ((token id, bias) pairs; a dict is accepted), llama.cpp's repetition penalty over the last repeat_last_n
+    # tokens of prompt + output (-1: all of them, 0: none).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    repeat_last_n: int = 64
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.logit_bias, dict):
+            object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
+        elif not isinstance(self.logit_bias, tuple):
+            object.__setattr__(self, "logit_bias", tuple(tuple(pair) for pair in self.logit_bias))
+        _check(all(isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], int) and pair[0] >= 0
+                   and isinstance(pair[1], (int, float)) and (math.isfinite(pair[1]) or pair[1] == -math.inf)
+                   for pair in self.logit_bias),
+               "logit_bias must map token ids (integers >= 0) to finite numbers (or -inf: the token is banned)")
+        _check(len({token for token, _ in self.logit_bias}) == len(self.logit_bias),
+               "logit_bias names a token id twice")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and math.isfinite(value) and -2 <= value <= 2,
+                   f"{name} must be a number in [-2, 2], got {value!r}")
+        _check(isinstance(self.repetition_penalty, (int, float)) and math.isfinite(self.repetition_penalty)
+               and self.repetition_penalty > 0, f"repetition_penalty must be a number > 0, got {self.repetition_penalty!r}")
+        _check(isinstance(self.repeat_last_n, int) and self.repeat_last_n >= -1,
+               f"repeat_last_n must be an integer >= -1 (-1: the whole context), got {self.repeat_last_n!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
@@ -204,6 +231,8 @@ def from_json(text: str) -> Any:
     _check(not unknown, f"unknown fields for {cls.__name__}: {sorted(unknown)}")
     if "stop" in data:
         data["stop"] = tuple(data["stop"])
+    if "logit_bias" in data:
+        data["logit_bias"] = tuple((int(token), float(bias)) for token, bias in data["logit_bias"])
     return cls(**data)
 
 

@@ -152,6 +152,33 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="keep generating past the end-of-sequence token, up to --max-tokens")
+    parser.add_argument("--presence-penalty", type=float, default=0.0, metavar="X",
+                        help="OpenAI's presence penalty, in [-2, 2]: subtracted once from every token already "
+                        "generated (default 0: off)")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0, metavar="X",
+                        help="OpenAI's frequency penalty, in [-2, 2]: subtracted per time a token was generated "
+                        "(default 0: off)")
+    parser.add_argument("--repeat-penalty", "--repetition-penalty", dest="repetition_penalty", type=float,
+                        default=1.0, metavar="R", help="llama.cpp's repetition penalty over the last --repeat-last-n "
+                        "tokens of prompt and output (default 1: off)")
+    parser.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
+                        help="tokens the repetition penalty looks back over (default 64; -1: all, 0: none)")
+    parser.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                        help="add BIAS to token ID's logit (repeatable; -100 all but bans it)")
+
+
+def parse_logit_bias(items: list[str]) -> dict[int, float]:
+    """--logit-bias ID=BIAS items as a mapping; a malformed item is a ConfigError naming it."""
+    out: dict[int, float] = {}
+    for item in items:
+        token, sep, bias = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(token)] = float(bias)
+        except ValueError:
+            raise ConfigError(f"--logit-bias takes ID=BIAS (an integer token id, a number), got {item!r}") from None
+    return out
 
 
 def model_ref_from_args(args: argparse.Namespace) -> ModelRef:
@@ -222,6 +249,9 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         max_tokens=args.max_tokens, stop=tuple(args.stop), seed=args.seed, ignore_eos=args.ignore_eos,
+        presence_penalty=getattr(args, "presence_penalty", 0.0), frequency_penalty=getattr(args, "frequency_penalty", 0.0),
+        repetition_penalty=getattr(args, "repetition_penalty", 1.0), repeat_last_n=getattr(args, "repeat_last_n", 64),
+        logit_bias=parse_logit_bias(getattr(args, "logit_bias", [])),
     )
 
 

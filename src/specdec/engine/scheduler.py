@@ -15,6 +15,8 @@ from specdec.backends.base import BatchRows, ModelBackend
 from specdec.backends.kvcache import ContextOverflowError, common_prefix_length
 from specdec.config import SamplingParams, SpecConfig
 from specdec.core.partitions import PartitionLRU
+from specdec.core.penalties import penalty_processor
+from specdec.core.processors import LogitsProcessor, allowed_draft_length, chain, process_rows, settle
 from specdec.core.sampling import greedy_tokens, make_generator, probabilities
 from specdec.core.stats import SpecStats
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled
@@ -96,6 +98,9 @@ class BatchEngine:
         bad = [t for t in prompt if not 0 <= int(t) < vocab]
         if bad:
             raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"logit_bias has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
 
     @property
     def adaptive_policies(self) -> dict[object, object]:
@@ -138,15 +143,19 @@ class BatchEngine:
     # -- admission and leaving ----------------------------------------------------------------------------
 
     def add(self, prompt: Sequence[int], params: SamplingParams, tag: object = None,
-            partition: object = None) -> RunningSequence:
+            partition: object = None, processor: LogitsProcessor | None = None) -> RunningSequence:
         """Admit a request into a free slot (the one whose cache shares the longest prefix with the prompt).
 
         partition (hashable; None for one local user) says who may share cross-request state: the request
         reuses a slot's cached prefix, a draft model's cached prefix, the suffix cache and the adaptive policies'
         acceptance only where its own partition left them, so no other partition's text can speed it up (or be
-        read back through its timing or its statistics)."""
+        read back through its timing or its statistics).
+
+        processor (core/processors.py): the request's own logits processor (a grammar), applied after the
+        penalties and logit_bias its params ask for, at every verified row as plain decoding would."""
         prompt = [int(t) for t in prompt]
         self.check_request(prompt, params)
+        processor = chain([penalty_processor(params, prompt, self.target.vocab_size), processor])
         if not self.has_room:
             raise RuntimeError(f"all {self.max_running} sequences are running; admit at a step boundary")
         if self.spec.k_policy == "adaptive" and self.target.calibrate_on_first_use \
@@ -161,7 +170,7 @@ class BatchEngine:
             generator=make_generator(params.seed, self.target.device),
             eos=frozenset() if params.ignore_eos else self.target.eos_token_ids,
             text=TextStream(self.decode, params.stop), stats=stats, began=began, context=list(prompt), tag=tag,
-            partition=partition)
+            partition=partition, processor=processor)
         cache = self.cache_of(slot)
         # The slots keep their prefixes side by side while the target's memory is sized for all of them
         # (llama.cpp: `parallel` sequences; torch: a memory per cache); beyond that, as separate owners.
@@ -264,14 +273,21 @@ class BatchEngine:
                 continue
             for (sequence, policy, k), draft in zip(group, drafts):
                 proposed = draft.tokens[: max(k, 0)]
+                offered = len(proposed)
+                if sequence.processor is not None and proposed:
+                    # Drafts that leave the processor's language end where they leave it (a grammar).
+                    proposed = proposed[: allowed_draft_length(sequence.processor, proposed, draft.probs is not None)]
                 sequence.stats.draft_seconds += draft.seconds
                 rows = BatchRows([sequence.context[-1]] + proposed, sequence.slot.cache, len(proposed) + 1)
-                plans.append(StepPlan(sequence, rows, decode=True, proposed=proposed, draft=draft, policy=policy))
+                plans.append(StepPlan(sequence, rows, decode=True, proposed=proposed, draft=draft, policy=policy,
+                                      offered=offered))
         if not plans:
             return outputs
         self._fit_prompt_chunk_beside_decode_rows(plans)
-        if len(plans) == 1 and plans[0].decode and plans[0].sequence.params.greedy:
-            plans[0].rows.greedy_draft = plans[0].proposed  # the backend may stop at the first departure
+        if len(plans) == 1 and plans[0].decode and plans[0].sequence.params.greedy \
+                and plans[0].sequence.processor is None:
+            # The backend may stop at the raw argmax's first departure (a processed row may still agree: not then).
+            plans[0].rows.greedy_draft = plans[0].proposed
         began = time.perf_counter()
         try:
             logits = self.target.forward_batch([p.rows for p in plans])
@@ -459,8 +475,9 @@ class BatchEngine:
         verdict = self._verdict(sequence, proposed, draft_probs, logits)
         stats.target_seconds += target_seconds
         drafter = sequence.slot.drafter
-        if drafter is not None and proposed:
-            drafter.accepted(verdict.num_accepted, len(proposed))
+        if drafter is not None and plan.offered:
+            # What the drafter proposed, not what a processor let through: its own state holds all it proposed.
+            drafter.accepted(verdict.num_accepted, plan.offered)
         if plan.policy is not None:
             # A pass shared with other sequences says what the whole pass cost, not what this sequence's rows
             # added: the policy prices those from the measured curve instead (AdaptiveK.other_rows).
@@ -473,7 +490,19 @@ class BatchEngine:
     @staticmethod
     def _verdict(sequence: RunningSequence, proposed: list[int], draft_probs: torch.Tensor | None,
                  logits: torch.Tensor) -> Verdict:
-        """The verification rule for one sequence's logits rows: greedy match, or rejection sampling."""
+        """The verification rule for one sequence's logits rows: greedy match, or rejection sampling; a processor's
+        transform applied to each row after its own prefix first, its state left after the verdict's tokens."""
+        processor = sequence.processor
+        if processor is None:
+            return BatchEngine._verdict_of_rows(sequence, proposed, draft_probs, logits)
+        processed, advanced = process_rows(processor, logits, proposed)
+        verdict = BatchEngine._verdict_of_rows(sequence, proposed, draft_probs, processed)
+        settle(processor, advanced, verdict.num_accepted, verdict.next_token)
+        return verdict
+
+    @staticmethod
+    def _verdict_of_rows(sequence: RunningSequence, proposed: list[int], draft_probs: torch.Tensor | None,
+                         logits: torch.Tensor) -> Verdict:
         params = sequence.params
         if params.greedy:
             choices = greedy_tokens(logits).tolist()

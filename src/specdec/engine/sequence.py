@@ -10,6 +10,7 @@ import torch
 from specdec.backends.base import BatchRows
 from specdec.backends.kvcache import RetainedPrefix
 from specdec.config import SamplingParams
+from specdec.core.processors import LogitsProcessor
 from specdec.core.stats import SpecStats
 from specdec.drafters.base import Draft, Drafter
 from specdec.engine.textstream import TextStream
@@ -54,6 +55,7 @@ class RunningSequence:
     finish_reason: str | None = None
     tag: object = None  # the caller's handle (a server job)
     partition: object = None  # who may share its caches: a request reuses only what its own partition left
+    processor: LogitsProcessor | None = None  # penalties, logit_bias (a grammar): applied at every verified row
 
     @property
     def prefilling(self) -> bool:
@@ -75,3 +77,4 @@ class StepPlan:
     proposed: list[int] = field(default_factory=list)
     draft: Draft | None = None
     policy: KPolicy | None = None
+    offered: int = 0  # draft tokens the drafter proposed for this step (a processor may let fewer through)

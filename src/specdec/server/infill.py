@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
@@ -24,7 +25,7 @@ from specdec.server.dispatch import JobStreamingResponse, check_fits, submit
 from specdec.server.errors import APIError, bad_request, error_responses, unsupported
 from specdec.server.infill_reply import InfillReply
 from specdec.server.request_limits import check_prompt_chars
-from specdec.server.schemas import Stop, StrictModel, refuse_lone_surrogates
+from specdec.server.schemas import Stop, StrictModel, logit_bias_pairs, refuse_lone_surrogates
 
 # llama-server's default -b: its window takes the prefix's last 3/4 of it and the suffix's first 1/4 (at most half
 # the context here, so a small context keeps room for the extra files and the completion).
@@ -83,12 +84,16 @@ class InfillRequest(StrictModel):
     cache_prompt: bool = True
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     prompt_cache_key: str | None = None
+    # llama-server's penalties sampler (applied when "penalties" is in samplers) and logit_bias: [[id, bias], ...]
+    # or {"id": bias}, a bias of false bans the id.
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: list[tuple[int, float | bool]] | dict[str, float | bool] | None = None
     # Refused unless neutral: they would change what is generated and are not implemented.
     lora: list[Any] | None = None
     n_probs: int = 0
-    repeat_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
     typical_p: float = 1.0
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
@@ -102,8 +107,7 @@ class InfillRequest(StrictModel):
 def infill_sampling(req: InfillRequest, room: int) -> tuple[SamplingParams, list[str], int]:
     """SamplingParams as llama-server's sampler chain would run them, the sampler names not applied, and the
     tokens the client asked for (0: none, the prompt is only cached; llama-server's n_predict 0)."""
-    for name, neutral in (("repeat_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                          ("typical_p", 1.0), ("n_probs", 0)):
+    for name, neutral in (("typical_p", 1.0), ("n_probs", 0)):
         if getattr(req, name) != neutral:
             raise unsupported(name, "it changes the target distribution and is not implemented")
     for name in ("lora", "grammar", "json_schema"):
@@ -123,16 +127,46 @@ def infill_sampling(req: InfillRequest, room: int) -> tuple[SamplingParams, list
     if seed is not None and not (-(2**63) <= seed < 2**64):
         raise bad_request("seed must fit in 64 bits", "seed")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    penalties = infill_penalties(req, samplers)
     try:
         params = SamplingParams(
             temperature=float(req.temperature) if "temperature" in samplers else 1.0,
             top_k=req.top_k if "top_k" in samplers and req.top_k > 0 else 0,
             top_p=float(req.top_p) if "top_p" in samplers and 0 < req.top_p < 1 else 1.0,
             min_p=float(req.min_p) if "min_p" in samplers and 0 < req.min_p < 1 else 0.0,
-            max_tokens=max(1, wanted), stop=tuple(stop), seed=seed, ignore_eos=req.ignore_eos)
+            max_tokens=max(1, wanted), stop=tuple(stop), seed=seed, ignore_eos=req.ignore_eos, **penalties)
     except ConfigError as exc:
         raise bad_request(str(exc)) from exc
     return params, [s for s in samplers if s in UNAPPLIED_SAMPLERS], wanted
+
+
+def infill_penalties(req: InfillRequest, samplers: list[str]) -> dict[str, Any]:
+    """llama-server's penalties sampler (only when "penalties" is in the chain) and logit_bias as SamplingParams
+    fields; presence and frequency count the whole output (OpenAI's definition; llama-server counts the last
+    repeat_last_n tokens): docs/infill.md."""
+    options: dict[str, Any] = {}
+    if "penalties" in samplers:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(req, name)
+            if not (math.isfinite(value) and -2 <= value <= 2):
+                raise bad_request(f"{name} must be in [-2, 2], got {value}", name)
+            options[name] = float(value)
+        if not (math.isfinite(req.repeat_penalty) and 0 < req.repeat_penalty <= 10):
+            raise bad_request(f"repeat_penalty must be in (0, 10], got {req.repeat_penalty}", "repeat_penalty")
+        if req.repeat_last_n < -1:
+            raise bad_request(f"repeat_last_n must be -1 (the whole context), 0 (off) or more, got "
+                              f"{req.repeat_last_n}", "repeat_last_n")
+        options.update(repetition_penalty=float(req.repeat_penalty), repeat_last_n=int(req.repeat_last_n))
+    bias = req.logit_bias
+    items = list(bias.items()) if isinstance(bias, dict) else [(str(t), b) for t, b in (bias or [])]
+    # false bans a token (its logit -inf, as llama-server does); true is ignored, as llama-server ignores it.
+    banned = [token for token, value in items if value is False]
+    pairs = logit_bias_pairs({token: float(value) for token, value in items if not isinstance(value, bool)})
+    bans = logit_bias_pairs({token: 0.0 for token in banned})
+    if {t for t, _ in pairs} & {t for t, _ in bans}:
+        raise bad_request("logit_bias names a token id twice", "logit_bias")
+    options["logit_bias"] = tuple(sorted(pairs + tuple((t, float("-inf")) for t, _ in bans)))
+    return options
 
 
 # --------------------------------------------------------------------------------------------- prompts

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -113,7 +114,11 @@ class _GenerationRequest(StrictModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    # Extensions (vLLM spelling): top_k (0 or -1 disables), min_p (0 disables), ignore_eos.
+    # Extensions (vLLM spelling): top_k (0 or -1 disables), min_p (0 disables), ignore_eos, repetition_penalty
+    # (llama.cpp's repeat_penalty, its spelling accepted too, over the last repeat_last_n tokens; 1 disables).
+    repetition_penalty: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
     top_k: int | None = None
     min_p: float | None = None
     ignore_eos: bool | None = None
@@ -240,11 +245,7 @@ def sampling_params(req: _GenerationRequest, max_tokens: int | None, default_max
         raise unsupported("n", "only n=1; send one request per completion")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise unsupported(name, "penalties change the target distribution and are not implemented")
-    if req.logit_bias:
-        raise unsupported("logit_bias")
+    penalties = penalty_options(req)
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"{max_tokens_param} must be at least 1, got {max_tokens}", max_tokens_param)
     temperature = 1.0 if req.temperature is None else req.temperature
@@ -268,10 +269,64 @@ def sampling_params(req: _GenerationRequest, max_tokens: int | None, default_max
         return SamplingParams(
             temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), min_p=float(min_p),
             max_tokens=int(max_tokens if max_tokens is not None else default_max_tokens), stop=tuple(stop),
-            seed=req.seed, ignore_eos=bool(req.ignore_eos),
+            seed=req.seed, ignore_eos=bool(req.ignore_eos), **penalties,
         )
     except ConfigError as exc:
         raise bad_request(str(exc)) from exc
+
+
+MAX_LOGIT_BIAS = 1024  # ids a logit_bias may name (each one is an index into every verified row)
+LOGIT_BIAS_RANGE = 100.0  # OpenAI's bound: -100 bans a token, 100 makes it all but certain
+
+
+def logit_bias_pairs(bias: dict[str, float] | None, param: str = "logit_bias") -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias ({"token id": bias}) as (id, bias) pairs, each id an integer and each bias in
+    [-100, 100]; ids beyond the vocabulary are refused by the engine before any work."""
+    if not bias:
+        return ()
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"{param} names {len(bias)} tokens; at most {MAX_LOGIT_BIAS}", param)
+    pairs = []
+    for key, value in bias.items():
+        if not re.fullmatch(r"\d{1,9}", key.strip()):
+            raise bad_request(f"{param} keys must be token ids (non-negative integers as strings), got {key!r}",
+                              param)
+        if not (math.isfinite(value) and -LOGIT_BIAS_RANGE <= value <= LOGIT_BIAS_RANGE):
+            raise bad_request(f"{param} values must be in [-100, 100], got {value} for token {key}", param)
+        pairs.append((int(key), float(value)))
+    if len({token for token, _ in pairs}) != len(pairs):
+        raise bad_request(f"{param} names a token id twice", param)
+    return tuple(sorted(pairs))
+
+
+def penalty_options(req: _GenerationRequest) -> dict[str, Any]:
+    """presence/frequency penalties (OpenAI: [-2, 2], counted over the output), logit_bias, and the repetition
+    penalty (vLLM's repetition_penalty or llama.cpp's repeat_penalty: > 0; repeat_last_n >= -1) as SamplingParams
+    fields: applied to every verified row as plain decoding applies them (core/penalties.py)."""
+    options: dict[str, Any] = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None:
+            if not (math.isfinite(value) and -2 <= value <= 2):
+                raise bad_request(f"{name} must be in [-2, 2], got {value}", name)
+            options[name] = float(value)
+    if req.repetition_penalty is not None and req.repeat_penalty is not None \
+            and req.repetition_penalty != req.repeat_penalty:
+        raise bad_request("repetition_penalty and repeat_penalty name the same option: give one",
+                          "repetition_penalty")
+    repetition = req.repetition_penalty if req.repetition_penalty is not None else req.repeat_penalty
+    if repetition is not None:
+        name = "repetition_penalty" if req.repetition_penalty is not None else "repeat_penalty"
+        if not (math.isfinite(repetition) and 0 < repetition <= 10):
+            raise bad_request(f"{name} must be in (0, 10], got {repetition}", name)
+        options["repetition_penalty"] = float(repetition)
+    if req.repeat_last_n is not None:
+        if req.repeat_last_n < -1:
+            raise bad_request(f"repeat_last_n must be -1 (the whole context), 0 (off) or more, got "
+                              f"{req.repeat_last_n}", "repeat_last_n")
+        options["repeat_last_n"] = int(req.repeat_last_n)
+    options["logit_bias"] = logit_bias_pairs(req.logit_bias)
+    return options
 
 
 def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
