@@ -17,6 +17,7 @@ LAYERS = {
     "specdec.config": 1,  # the options of a run, checked
     "specdec.fim": 1,  # fill-in-the-middle prompt layouts (pure; a backend names its FIM tokens with it)
     "specdec.core": 2,  # the math: sampling, verification, statistics, intervals, cost curves
+    "specdec.grammar": 2,  # JSON schemas as logits processors (llguidance)
     "specdec.backends": 3,  # model passes and their caches
     "specdec.drafters": 4, "specdec.kpolicy": 4, "specdec.loading": 4,
     "specdec.engine": 5,  # the scheduler: one decode loop

@@ -244,6 +244,9 @@ class Forbids:
     def rollback(self, count):
         self.depth -= count
 
+    def forced(self):
+        return []
+
 
 def test_refused_draft_tokens_end_the_draft_and_never_appear(wide_pair):
     target, draft = wide_pair
@@ -273,3 +276,55 @@ def test_allowed_draft_length_keeps_a_sampled_drafts_first_refused_token():
     assert processors_module.allowed_draft_length(refuses, [1, 2, 4, 5], keep_first_forbidden=False) == 2
     assert processors_module.allowed_draft_length(refuses, [1, 2, 4, 5], keep_first_forbidden=True) == 3
     assert refuses.depth == 0  # the state is left as found
+
+
+def masked_distribution(model: PrefixLM, prompt: list[int], params: SamplingParams, banned: int, length: int):
+    v = model.vocab_size
+    out = np.zeros([v] * length)
+    for seq in itertools.product(range(v), repeat=length):
+        prob = 1.0
+        for i, token in enumerate(seq):
+            scores = model.logits(prompt + list(seq[:i])).clone()
+            scores[banned] = float("-inf")
+            prob *= float(probabilities(scores, params)[token])
+        out[seq] = prob
+    return out.reshape(-1)
+
+
+def sample_with_processor(target, draft, prompt, params, banned, draws):
+    spec = SpecConfig(num_speculative_tokens=3, k_policy="fixed")
+    engine = BatchEngine(target, create_drafter("draft_model", draft_backend=draft, spec=spec), spec)
+    counts = np.zeros(target.vocab_size ** params.max_tokens, dtype=np.int64)
+    for seed in range(draws):
+        engine.add(prompt, dataclasses.replace(params, seed=seed), processor=Forbids(banned))
+        tokens = []
+        while engine.running:
+            for output in engine.step():
+                assert output.error is None
+                tokens += output.tokens
+        counts[np.ravel_multi_index(tokens, [target.vocab_size] * params.max_tokens)] += 1
+    return counts, engine
+
+
+def test_a_sampled_draft_refused_by_the_processor_keeps_the_masked_distribution(small_pair):
+    """A draft model's q puts mass on a token the processor refuses: the draft keeps that token as its last (the
+    rejection rule rejects it and draws from the residual), so the output follows the masked target exactly."""
+    target, draft, _ = small_pair
+    params = SamplingParams(temperature=0.9, max_tokens=3, ignore_eos=True)
+    exact = masked_distribution(target, [1, 2], params, banned=1, length=3)
+    counts, engine = sample_with_processor(target, draft, [1, 2], params, 1, 4000)
+    p_value, tv = chi_square_p(counts, exact)
+    assert p_value > 1e-3, (p_value, tv)
+    assert engine.total_stats.num_accepted_tokens > 0
+
+
+def test_negative_control_cutting_a_sampled_draft_before_the_refused_token_is_not_exact(small_pair, monkeypatch):
+    target, draft, _ = small_pair
+    params = SamplingParams(temperature=0.9, max_tokens=3, ignore_eos=True)
+    exact = masked_distribution(target, [1, 2], params, banned=1, length=3)
+    original = processors_module.allowed_draft_length
+    monkeypatch.setattr(engine_module, "allowed_draft_length",
+                        lambda processor, tokens, keep: original(processor, tokens, False))
+    counts, _ = sample_with_processor(target, draft, [1, 2], params, 1, 4000)
+    p_value, tv = chi_square_p(counts, exact)
+    assert p_value < 1e-6, (p_value, tv)

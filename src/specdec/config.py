@@ -42,8 +42,20 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     repeat_last_n: int = 64
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # Structured output: a JSON schema (its JSON text) the output must match (grammar/, llguidance), masked at
+    # every verified row as plain constrained decoding masks it; {"type": "object"} is OpenAI's JSON mode.
+    json_schema: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.json_schema, dict):
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
+        if self.json_schema is not None:
+            try:
+                schema = json.loads(self.json_schema)
+            except (TypeError, ValueError):
+                schema = None
+            _check(isinstance(schema, dict), "json_schema must be the JSON text of a JSON object (a JSON schema)")
+            _check(not self.ignore_eos, "ignore_eos cannot go with json_schema: the grammar decides where the text ends")
         if isinstance(self.logit_bias, dict):
             object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
         elif not isinstance(self.logit_bias, tuple):

@@ -72,6 +72,9 @@ class PenaltyProcessor:
     def accepts(self, token: int) -> bool:
         return True
 
+    def forced(self) -> list[int]:
+        return []
+
     def advance(self, token: int) -> None:
         self.generated.append(int(token))
         self.counts[int(token)] += 1

@@ -34,6 +34,11 @@ class LogitsProcessor(Protocol):
         """Undo the last `count` advances."""
         ...
 
+    def forced(self) -> list[int]:
+        """Tokens that must come next whatever the model says (a grammar's fixed text), offered as a free draft and
+        verified like any other; [] when nothing is forced (penalties never force)."""
+        ...
+
 
 class ProcessorChain:
     """Several processors as one, applied in order (each sees the previous one's scores); a token is accepted only
@@ -59,6 +64,13 @@ class ProcessorChain:
     def rollback(self, count: int) -> None:
         for processor in self.processors:
             processor.rollback(count)
+
+    def forced(self) -> list[int]:
+        for processor in self.processors:
+            tokens = processor.forced()
+            if tokens:
+                return tokens[: allowed_draft_length(self, tokens, keep_first_forbidden=False)]
+        return []
 
 
 def chain(processors: Sequence[LogitsProcessor | None]) -> LogitsProcessor | None:

@@ -19,6 +19,9 @@ class SpecStats:
     num_prompt_tokens: int = 0
     # Prompt tokens the target cache already held from the previous request (prefix reuse): not prefilled.
     num_cached_prompt_tokens: int = 0
+    # Tokens a grammar forced, verified in passes of their own (not drafted: kept out of the drafter's counters).
+    num_forced_tokens: int = 0
+    num_forced_accepted_tokens: int = 0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     prefill_seconds: float = 0.0
@@ -38,8 +41,15 @@ class SpecStats:
         for i in range(num_accepted):
             self.num_accepted_tokens_per_pos[i] += 1
 
+    def record_forced_step(self, num_forced: int, num_accepted: int) -> None:
+        """A pass that verified tokens a grammar forced (the drafter did not draft this step)."""
+        self.num_target_forwards += 1
+        self.num_forced_tokens += num_forced
+        self.num_forced_accepted_tokens += num_accepted
+
     def merge(self, other: "SpecStats") -> "SpecStats":
         for name in (
+            "num_forced_tokens", "num_forced_accepted_tokens",
             "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_target_forwards",
             "num_generated_tokens", "num_prompt_tokens", "num_cached_prompt_tokens", "draft_seconds", "target_seconds",
             "prefill_seconds", "total_seconds",
@@ -94,6 +104,8 @@ class SpecStats:
             "num_generated_tokens": self.num_generated_tokens,
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_cached_prompt_tokens": self.num_cached_prompt_tokens,
+            "num_forced_tokens": self.num_forced_tokens,
+            "num_forced_accepted_tokens": self.num_forced_accepted_tokens,
             "draft_seconds": round(self.draft_seconds, 4),
             "target_seconds": round(self.target_seconds, 4),
             "prefill_seconds": round(self.prefill_seconds, 4),

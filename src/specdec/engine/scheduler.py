@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import time
 from typing import Callable, Sequence
 
@@ -24,6 +25,7 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.engine.output import StepOutput
 from specdec.engine.sequence import RunningSequence, Slot, StepPlan
 from specdec.engine.textstream import TextStream
+from specdec.grammar import GrammarCompiler
 from specdec.kpolicy.adaptive import Ewma
 from specdec.kpolicy.calibration import DEFAULT_SIZES, cached_pass_costs, measure_pass_costs
 from specdec.kpolicy.draft_lengths import choose_draft_lengths
@@ -63,6 +65,7 @@ class BatchEngine:
         self.last_sequence: RunningSequence | None = None  # the latest admitted (its stats: SpeculativeEngine.last_stats)
         self._decoders_next = False  # a prompt's last chunk went ahead of the decoding streams: they run next step
         self._ids = itertools.count()
+        self._grammars = None
 
     # -- configuration ------------------------------------------------------------------------------------
 
@@ -101,6 +104,22 @@ class BatchEngine:
         bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"logit_bias has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if params.json_schema is not None:
+            # Compiled here, before any work (cached by the schema's hash: admission finds it done).
+            self.grammars.compile_json_schema(json.loads(params.json_schema))
+
+    @property
+    def grammars(self):
+        """The target's grammar compiler (grammar/compiler.py), made on first use: compiled schemas are cached."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.target.tokenizer, self.target.vocab_size, self.target.eos_token_ids)
+        return self._grammars
+
+    def grammar_for(self, params: SamplingParams):
+        """The request's grammar processor (None without json_schema); GrammarError (a ValueError) if refused."""
+        if params.json_schema is None:
+            return None
+        return self.grammars.processor(self.grammars.compile_json_schema(json.loads(params.json_schema)))
 
     @property
     def adaptive_policies(self) -> dict[object, object]:
@@ -155,7 +174,8 @@ class BatchEngine:
         penalties and logit_bias its params ask for, at every verified row as plain decoding would."""
         prompt = [int(t) for t in prompt]
         self.check_request(prompt, params)
-        processor = chain([penalty_processor(params, prompt, self.target.vocab_size), processor])
+        processor = chain([penalty_processor(params, prompt, self.target.vocab_size), self.grammar_for(params),
+                           processor])
         if not self.has_room:
             raise RuntimeError(f"all {self.max_running} sequences are running; admit at a step boundary")
         if self.spec.k_policy == "adaptive" and self.target.calibrate_on_first_use \
@@ -262,6 +282,11 @@ class BatchEngine:
         if plans and decoding and self._first_token_goes_ahead(plans[0]):
             decoding, self._decoders_next = [], True
         prefill_rows = sum(len(p.rows.tokens) for p in plans)
+        forced = self._forced_plans(decoding, outputs)
+        plans += forced
+        if forced:
+            taken = {id(p.sequence) for p in forced}
+            decoding = [s for s in decoding if id(s) not in taken and not s.finished]
         chosen = self._choose_drafts(decoding, prefill_rows, outputs)
         for group in self._drafting_groups(chosen):
             try:
@@ -318,6 +343,29 @@ class BatchEngine:
                 self._leave(sequence, "error", clean=False)
                 outputs.append(_failed(sequence, exc))
         return outputs
+
+    def _forced_plans(self, decoding: list[RunningSequence], outputs: list[StepOutput]) -> list[StepPlan]:
+        """The sequences whose processor forces tokens next (a grammar's fixed text: a property name, a closing
+        brace): those tokens are this step's draft, free of the drafter, verified in the same pass as the others'
+        rows (DESIGN.md section 9). A processor that fails ends its sequence here."""
+        plans = []
+        for sequence in decoding:
+            if sequence.processor is None:
+                continue
+            try:
+                tokens = sequence.processor.forced()
+            except Exception as exc:  # noqa: BLE001 - that sequence's grammar failed; the others go on
+                self._leave(sequence, "error", clean=False)
+                outputs.append(_failed(sequence, exc))
+                continue
+            room = sequence.slot.cache.capacity - len(sequence.context)
+            cap = min(sequence.params.max_tokens - sequence.generated - 1, room - 1)
+            tokens = [int(t) for t in tokens[: max(cap, 0)]]
+            if tokens:
+                rows = BatchRows([sequence.context[-1]] + tokens, sequence.slot.cache, len(tokens) + 1)
+                plans.append(StepPlan(sequence, rows, decode=True, proposed=tokens, draft=Draft(tokens),
+                                      forced=True))
+        return plans
 
     def _first_token_goes_ahead(self, prompt: StepPlan) -> bool:
         """Whether this prompt chunk runs alone, the decoding streams' pass in the next step (which then takes no
@@ -483,7 +531,10 @@ class BatchEngine:
             # added: the policy prices those from the measured curve instead (AdaptiveK.other_rows).
             plan.policy.update(len(proposed), verdict.num_accepted, draft.seconds,
                                0.0 if shared else target_seconds, draft.catchup_seconds)
-        stats.record_step(len(proposed), verdict.num_accepted)
+        if plan.forced:
+            stats.record_forced_step(len(proposed), verdict.num_accepted)
+        else:
+            stats.record_step(len(proposed), verdict.num_accepted)
         return self._emit(sequence, proposed[: verdict.num_accepted] + [verdict.next_token],
                           [True] * verdict.num_accepted + [False])
 

@@ -13,6 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from specdec.backends.kvcache import ContextOverflowError
 from specdec.config import SamplingParams
+from specdec.grammar.errors import GrammarError
 from specdec.server import sse
 from specdec.server.errors import APIError, bad_request
 from specdec.server.worker import Job, ServerShuttingDown
@@ -53,6 +54,8 @@ def check_fits(state: Any, prompt_ids: list[int], params: SamplingParams, param:
     except ContextOverflowError as exc:
         raise APIError(400, f"{exc}; shorten the prompt or lower max_tokens", param=param,
                        code="context_length_exceeded") from exc
+    except GrammarError as exc:
+        raise APIError(400, str(exc), param="response_format", code="invalid_json_schema") from exc
     except ValueError as exc:
         raise bad_request(str(exc), param) from exc
 

@@ -118,6 +118,8 @@ class _GenerationRequest(StrictModel):
     # (llama.cpp's repeat_penalty, its spelling accepted too, over the last repeat_last_n tokens; 1 disables).
     repetition_penalty: float | None = None
     repeat_penalty: float | None = None
+    # Structured output (OpenAI's; vLLM also takes it on /v1/completions): text, json_object or json_schema.
+    response_format: dict[str, Any] | None = None
     repeat_last_n: int | None = None
     top_k: int | None = None
     min_p: float | None = None
@@ -194,7 +196,6 @@ class ChatCompletionRequest(_GenerationRequest):
     functions: list[Any] | None = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: Any = None
     prediction: Any = None
@@ -227,8 +228,6 @@ def check_chat_options(req: ChatCompletionRequest) -> None:
     for name in ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"):
         if getattr(req, name) is not None:
             raise unsupported(name, "this server does no tool or function calling")
-    if req.response_format is not None and req.response_format.get("type", "text") != "text":
-        raise unsupported("response_format", "only {'type': 'text'}")
     if req.modalities is not None and list(req.modalities) != ["text"]:
         raise unsupported("modalities", "only ['text']")
     for name in ("audio", "prediction", "reasoning_effort", "verbosity", "web_search_options"):
@@ -246,6 +245,7 @@ def sampling_params(req: _GenerationRequest, max_tokens: int | None, default_max
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     penalties = penalty_options(req)
+    penalties["json_schema"] = response_schema(req.response_format)
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"{max_tokens_param} must be at least 1, got {max_tokens}", max_tokens_param)
     temperature = 1.0 if req.temperature is None else req.temperature
@@ -273,6 +273,46 @@ def sampling_params(req: _GenerationRequest, max_tokens: int | None, default_max
         )
     except ConfigError as exc:
         raise bad_request(str(exc)) from exc
+
+
+def response_schema(response_format: dict[str, Any] | None) -> str | None:
+    """OpenAI's response_format as the JSON schema text the grammar engine compiles (None: free text).
+
+    {"type": "text"} or absent: free text; {"type": "json_object"}: any JSON object; {"type": "json_schema",
+    "json_schema": {"name", "schema", "strict", "description"}}: the schema (strict or not, it is enforced: the
+    output always matches it)."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    extra = set(response_format) - {"type", "json_schema"}
+    if extra:
+        raise bad_request(f"response_format has unknown fields {sorted(extra)}", "response_format")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    if kind != "json_schema":
+        raise bad_request(f"response_format.type must be text, json_object or json_schema, got {kind!r}",
+                          "response_format.type")
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise bad_request("response_format json_schema needs a json_schema object with a name and a schema",
+                          "response_format.json_schema")
+    unknown = set(spec) - {"name", "schema", "strict", "description"}
+    if unknown:
+        raise bad_request(f"response_format.json_schema has unknown fields {sorted(unknown)}",
+                          "response_format.json_schema")
+    name = spec.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        raise bad_request("response_format.json_schema.name must be 1-64 letters, digits, _ or -",
+                          "response_format.json_schema.name")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise bad_request("response_format.json_schema.schema must be a JSON object (a JSON schema)",
+                          "response_format.json_schema.schema")
+    if spec.get("strict") not in (None, True, False):
+        raise bad_request("response_format.json_schema.strict must be a boolean", "response_format.json_schema.strict")
+    return json.dumps(schema)  # key order kept: it is the order of the properties in the output
 
 
 MAX_LOGIT_BIAS = 1024  # ids a logit_bias may name (each one is an index into every verified row)
