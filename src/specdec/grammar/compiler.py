@@ -56,8 +56,11 @@ class GrammarCompiler:
         if self._tokenizer is None:
             if self.hf_tokenizer is None:
                 raise GrammarError("structured output needs the model's tokenizer; this model has none")
-            self._tokenizer = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size,
-                                                           eos_token=self.eos_token_ids or None)
+            try:
+                self._tokenizer = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size,
+                                                               eos_token=self.eos_token_ids or None)
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise GrammarError(f"structured output cannot use this model's tokenizer: {exc}") from None
         return self._tokenizer
 
     def limits(self):

@@ -90,7 +90,7 @@ class InfillRequest(StrictModel):
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: list[tuple[int, float | bool]] | dict[str, float | bool] | None = None
+    logit_bias: list[list[int | float | bool]] | dict[str, float | bool] | None = None
     # Refused unless neutral: they would change what is generated and are not implemented.
     lora: list[Any] | None = None
     n_probs: int = 0
@@ -158,6 +158,10 @@ def infill_penalties(req: InfillRequest, samplers: list[str]) -> dict[str, Any]:
                               f"{req.repeat_last_n}", "repeat_last_n")
         options.update(repetition_penalty=float(req.repeat_penalty), repeat_last_n=int(req.repeat_last_n))
     bias = req.logit_bias
+    if isinstance(bias, list):
+        for pair in bias:
+            if len(pair) != 2 or isinstance(pair[0], bool) or not isinstance(pair[0], int):
+                raise bad_request(f"logit_bias pairs are [token id, bias or false], got {pair}", "logit_bias")
     items = list(bias.items()) if isinstance(bias, dict) else [(str(t), b) for t, b in (bias or [])]
     # false bans a token (its logit -inf, as llama-server does); true is ignored, as llama-server ignores it.
     banned = [token for token, value in items if value is False]
