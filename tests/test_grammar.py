@@ -23,7 +23,7 @@ import llguidance.torch
 
 from specdec.config import ConfigError, ModelRef, SamplingParams, SpecConfig
 from specdec.decoder import SpecDecoder
-from specdec.grammar import GrammarError
+from specdec.grammar.errors import GrammarError
 from tiny_gguf import write_tiny_gguf
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},

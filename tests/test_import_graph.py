@@ -32,7 +32,8 @@ LAYERS = {
 # modules), whose import at the top would make the module unimportable without it; and transformers, whose model
 # classes take seconds to import: at the top they would double the console script's start (measured 2.7 -> 5.3 s
 # to build the parser on the 2-vCPU EPYC).
-OPTIONAL = {"llama_cpp", "matplotlib", "httpx", "uvicorn", "ray", "peft", "transformers", "specdec.server.ray_serve"}
+OPTIONAL = {"llama_cpp", "matplotlib", "httpx", "uvicorn", "ray", "peft", "transformers", "specdec.server.ray_serve",
+            "specdec.grammar.compiler"}  # the grammar compiler: llguidance's glue imports transformers (6.7 s), needed on first schema
 
 
 def layer_of(module: str) -> tuple[str, int]:

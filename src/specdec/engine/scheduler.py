@@ -25,7 +25,6 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.engine.output import StepOutput
 from specdec.engine.sequence import RunningSequence, Slot, StepPlan
 from specdec.engine.textstream import TextStream
-from specdec.grammar import GrammarCompiler
 from specdec.kpolicy.adaptive import Ewma
 from specdec.kpolicy.calibration import DEFAULT_SIZES, cached_pass_costs, measure_pass_costs
 from specdec.kpolicy.draft_lengths import choose_draft_lengths
@@ -112,6 +111,8 @@ class BatchEngine:
     def grammars(self):
         """The target's grammar compiler (grammar/compiler.py), made on first use: compiled schemas are cached."""
         if self._grammars is None:
+            from specdec.grammar.compiler import GrammarCompiler  # llguidance imports transformers (seconds)
+
             self._grammars = GrammarCompiler(self.target.tokenizer, self.target.vocab_size, self.target.eos_token_ids)
         return self._grammars
 
