@@ -359,9 +359,7 @@ class BatchEngine:
                 self._leave(sequence, "error", clean=False)
                 outputs.append(_failed(sequence, exc))
                 continue
-            room = sequence.slot.cache.capacity - len(sequence.context)
-            cap = min(sequence.params.max_tokens - sequence.generated - 1, room - 1)
-            tokens = [int(t) for t in tokens[: max(cap, 0)]]
+            tokens = [int(t) for t in tokens[: max(self._draft_room(sequence), 0)]]
             if tokens:
                 rows = BatchRows([sequence.context[-1]] + tokens, sequence.slot.cache, len(tokens) + 1)
                 plans.append(StepPlan(sequence, rows, decode=True, proposed=tokens, draft=Draft(tokens),
@@ -467,8 +465,6 @@ class BatchEngine:
         """The k policy of the source that drafts for this sequence this step, and the most it may draft (None, 0:
         a plain step). A drafter that plans (suffix, prompt lookup) has its plan scored by the policy and caps k."""
         # Invariant: the target cache holds every context token except the last.
-        remaining = sequence.params.max_tokens - sequence.generated
-        room = sequence.slot.cache.capacity - len(sequence.context)
         drafter = sequence.slot.drafter
         if drafter is None:
             return None, 0
@@ -479,7 +475,7 @@ class BatchEngine:
         if source is None:
             return None, 0
         policy = self._policy(sequence, source)
-        cap = min(remaining - 1, room - 1)
+        cap = self._draft_room(sequence)
         # A deterministic drafter's plan is a function of the context, so the tokens that follow score it whatever
         # k is chosen: a policy that learns from plans learns acceptance from every step, never drafting to find out.
         planned = drafter.plan(context) if policy.can_learn_from_plans else None
@@ -489,6 +485,14 @@ class BatchEngine:
             cap = min(cap, len(planned), policy.max_k)
         policy.shared_pass_costs = self.shared_pass_costs
         return policy, cap
+
+    @staticmethod
+    def _draft_room(sequence: RunningSequence) -> int:
+        """The most draft tokens a step may verify: one less than both the tokens still to generate and the cache's
+        free cells (the step's last token is the verdict's)."""
+        remaining = sequence.params.max_tokens - sequence.generated
+        room = sequence.slot.cache.capacity - len(sequence.context)
+        return min(remaining - 1, room - 1)
 
     @staticmethod
     def _drafting_groups(chosen: list) -> list[list]:

@@ -3,8 +3,6 @@ rolls back to the verdict; the tokens the grammar forces next are offered as a f
 
 from __future__ import annotations
 
-import time
-
 import llguidance
 import llguidance.torch
 import torch
@@ -28,17 +26,12 @@ class GrammarProcessor:
         self.vocab_size = compiler.vocab_size
         self.mask = llguidance.torch.allocate_token_bitmask(1, compiler.vocab_size)
         self.ended = 0  # EOS tokens advanced through (at most one: the text ends there)
-        self.mask_seconds = 0.0
-        self.masks = 0
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        began = time.perf_counter()
         out = logits.float().clone().unsqueeze(0)
         if not self.ended:  # past an EOS the row is never read (the text ends there): left as it is, finite
             self._fill_mask(self.matcher, self.mask, 0)
             self._apply_mask(out, self.mask)
-        self.mask_seconds += time.perf_counter() - began
-        self.masks += 1
         return out[0]
 
     def accepts(self, token: int) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
@@ -25,7 +24,13 @@ from specdec.server.dispatch import JobStreamingResponse, check_fits, submit
 from specdec.server.errors import APIError, bad_request, error_responses, unsupported
 from specdec.server.infill_reply import InfillReply
 from specdec.server.request_limits import check_prompt_chars
-from specdec.server.schemas import Stop, StrictModel, logit_bias_pairs, refuse_lone_surrogates
+from specdec.server.schemas import (
+    Stop,
+    StrictModel,
+    checked_penalties,
+    logit_bias_pairs,
+    refuse_lone_surrogates,
+)
 
 # llama-server's default -b: its window takes the prefix's last 3/4 of it and the suffix's first 1/4 (at most half
 # the context here, so a small context keeps room for the extra files and the completion).
@@ -146,17 +151,8 @@ def infill_penalties(req: InfillRequest, samplers: list[str]) -> dict[str, Any]:
     repeat_last_n tokens): docs/infill.md."""
     options: dict[str, Any] = {}
     if "penalties" in samplers:
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(req, name)
-            if not (math.isfinite(value) and -2 <= value <= 2):
-                raise bad_request(f"{name} must be in [-2, 2], got {value}", name)
-            options[name] = float(value)
-        if not (math.isfinite(req.repeat_penalty) and 0 < req.repeat_penalty <= 10):
-            raise bad_request(f"repeat_penalty must be in (0, 10], got {req.repeat_penalty}", "repeat_penalty")
-        if req.repeat_last_n < -1:
-            raise bad_request(f"repeat_last_n must be -1 (the whole context), 0 (off) or more, got "
-                              f"{req.repeat_last_n}", "repeat_last_n")
-        options.update(repetition_penalty=float(req.repeat_penalty), repeat_last_n=int(req.repeat_last_n))
+        options = checked_penalties(req.presence_penalty, req.frequency_penalty, req.repeat_penalty,
+                                    req.repeat_last_n, "repeat_penalty")
     bias = req.logit_bias
     if isinstance(bias, list):
         for pair in bias:

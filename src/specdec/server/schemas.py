@@ -339,32 +339,39 @@ def logit_bias_pairs(bias: dict[str, float] | None, param: str = "logit_bias") -
     return tuple(sorted(pairs))
 
 
-def penalty_options(req: _GenerationRequest) -> dict[str, Any]:
-    """presence/frequency penalties (OpenAI: [-2, 2], counted over the output), logit_bias, and the repetition
-    penalty (vLLM's repetition_penalty or llama.cpp's repeat_penalty: > 0; repeat_last_n >= -1) as SamplingParams
-    fields: applied to every verified row as plain decoding applies them (core/penalties.py)."""
+def checked_penalties(presence: float | None, frequency: float | None, repetition: float | None,
+                      repeat_last_n: int | None, repetition_param: str = "repetition_penalty") -> dict[str, Any]:
+    """The penalty values a client gave (None: not given), each checked with a 400 naming it, as SamplingParams
+    fields: presence/frequency in [-2, 2] (OpenAI), the repetition penalty in (0, 10], repeat_last_n >= -1."""
     options: dict[str, Any] = {}
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(req, name)
+    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
         if value is not None:
             if not (math.isfinite(value) and -2 <= value <= 2):
                 raise bad_request(f"{name} must be in [-2, 2], got {value}", name)
             options[name] = float(value)
+    if repetition is not None:
+        if not (math.isfinite(repetition) and 0 < repetition <= 10):
+            raise bad_request(f"{repetition_param} must be in (0, 10], got {repetition}", repetition_param)
+        options["repetition_penalty"] = float(repetition)
+    if repeat_last_n is not None:
+        if repeat_last_n < -1:
+            raise bad_request(f"repeat_last_n must be -1 (the whole context), 0 (off) or more, got "
+                              f"{repeat_last_n}", "repeat_last_n")
+        options["repeat_last_n"] = int(repeat_last_n)
+    return options
+
+
+def penalty_options(req: _GenerationRequest) -> dict[str, Any]:
+    """presence/frequency penalties (counted over the output), logit_bias, and the repetition penalty (vLLM's
+    repetition_penalty or llama.cpp's repeat_penalty) as SamplingParams fields: applied to every verified row as
+    plain decoding applies them (core/penalties.py)."""
     if req.repetition_penalty is not None and req.repeat_penalty is not None \
             and req.repetition_penalty != req.repeat_penalty:
         raise bad_request("repetition_penalty and repeat_penalty name the same option: give one",
                           "repetition_penalty")
     repetition = req.repetition_penalty if req.repetition_penalty is not None else req.repeat_penalty
-    if repetition is not None:
-        name = "repetition_penalty" if req.repetition_penalty is not None else "repeat_penalty"
-        if not (math.isfinite(repetition) and 0 < repetition <= 10):
-            raise bad_request(f"{name} must be in (0, 10], got {repetition}", name)
-        options["repetition_penalty"] = float(repetition)
-    if req.repeat_last_n is not None:
-        if req.repeat_last_n < -1:
-            raise bad_request(f"repeat_last_n must be -1 (the whole context), 0 (off) or more, got "
-                              f"{req.repeat_last_n}", "repeat_last_n")
-        options["repeat_last_n"] = int(req.repeat_last_n)
+    options = checked_penalties(req.presence_penalty, req.frequency_penalty, repetition, req.repeat_last_n,
+                                "repetition_penalty" if req.repetition_penalty is not None else "repeat_penalty")
     options["logit_bias"] = logit_bias_pairs(req.logit_bias)
     return options
 
