@@ -404,6 +404,10 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "max_completion_tokens": -1}, 400,
      "max_completion_tokens", None),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "tools": [{"type": "function"}]},
+     400, "tools.0.function", None),
+    # This test model's chat template renders no tools: a well-formed tool is refused, naming the reason.
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}]},
      400, "tools", "unsupported_parameter"),
     # The tiny word-level tokenizer has no byte-level decoder, which the grammar engine needs: a clear 400.
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}],

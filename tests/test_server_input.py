@@ -219,21 +219,24 @@ def test_unknown_roles_and_tool_messages_are_refused(client):
 
     user = {"role": "user", "content": "w1"}
     error = assert_openai_error(chat(user, {"role": "wizard", "content": "w2"}), 400, "messages.1.role")
-    assert "'system', 'developer', 'user' or 'assistant'" in error["message"]
+    assert "'system', 'developer', 'user', 'assistant' or 'tool'" in error["message"]
     assert_openai_error(chat({"role": None, "content": "w1"}), 400, "messages.0.role")
     assert_openai_error(chat({"content": "w1"}), 400, "messages.0.role")
-    # No tool calling (`tools` is refused), so there is never a tool result to send back: with or without
-    # tool_call_id, a tool (or legacy function) message is refused the same way.
-    for message in ({"role": "tool", "content": "w2"}, {"role": "tool", "content": "w2", "tool_call_id": "c1"},
-                    {"role": "function", "content": "w2", "name": "f"}):
-        error = assert_openai_error(chat(user, message), 400, "messages.1.role", "unsupported_parameter")
-        assert "tool calling" in error["message"]
-    assert_openai_error(chat({"role": "assistant", "content": "w1", "tool_calls": []}), 400,
-                        "messages.0.tool_calls", "unsupported_parameter")
-    # With content null (as OpenAI sends it beside tool_calls), the null content is named first.
+    # A tool message must answer an earlier assistant call; the legacy function role is refused, naming tools.
+    for message in ({"role": "tool", "content": "w2"}, {"role": "tool", "content": "w2", "tool_call_id": "c1"}):
+        error = assert_openai_error(chat(user, message), 400, "messages.1.tool_call_id")
+    error = assert_openai_error(chat(user, {"role": "function", "content": "w2", "name": "f"}), 400,
+                                "messages.1.role", "unsupported_parameter")
+    assert "tool messages" in error["message"]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert_openai_error(chat(user, {"role": "user", "content": "w1", "tool_calls": [call]}), 400,
+                        "messages.1.tool_calls")
+    assert_openai_error(chat(user, {"role": "assistant", "content": None, "tool_calls": [
+        {**call, "function": {"name": "f", "arguments": "[1]"}}]}), 400, "messages.1.tool_calls.0.function.arguments")
+    # Null content goes only with tool calls.
     error = assert_openai_error(chat({"role": "assistant", "content": None, "tool_calls": []}), 400,
                                 "messages.0.content")
-    assert "tool calls" in error["message"]
+    assert "tool_calls" in error["message"]
 
 
 @pytest.mark.parametrize("prompt,param", [("", "prompt"), ([], "prompt"), ([""], "prompt.0"), ([[]], "prompt.0"),
@@ -272,7 +275,7 @@ def test_openapi_declares_what_the_server_answers(client):
     assert prompt_choices[0] == {"type": "string", "minLength": 1}
     assert all(choice["minItems"] == 1 for choice in prompt_choices[1:])
     assert schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] == 1
-    assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant"]
+    assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "developer", "user", "assistant", "tool"]
     assert set(schemas["ErrorResponse"]["properties"]) == {"error"}
 
 

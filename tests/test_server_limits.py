@@ -1,5 +1,5 @@
 """Per-request limits: the stop list's size, prompt text too long for the context (refused before tokenizing, so the
-next request is not held up), empty and non-JSON bodies, and tool calling fields refused whatever their value."""
+next request is not held up), empty and non-JSON bodies, and tool calling fields refused where they cannot be honoured."""
 
 from __future__ import annotations
 
@@ -251,17 +251,24 @@ def test_a_body_not_sent_as_json_is_415(client, path, content_type):
 # --------------------------------------------------------------------------------------------- tool calling
 
 
-# (A non-empty `tools` list was refused before; these were accepted.)
-TOOL_FIELDS = [("tools", []), ("tool_choice", "none"), ("tool_choice", "auto"), ("functions", []),
-               ("function_call", "none"), ("parallel_tool_calls", False)]
+# Tool fields this test model cannot honour, each refused naming the field: an empty list, a choice without tools,
+# the deprecated function calling; tool_choice "none" and parallel_tool_calls alone change nothing.
+TOOL_FIELDS = [("tools", [], None), ("tool_choice", "auto", None), ("tool_choice", "required", None),
+               ("functions", [], "unsupported_parameter"), ("function_call", "none", "unsupported_parameter")]
 
 
-@pytest.mark.parametrize("field,value", TOOL_FIELDS, ids=[f"{f}={v!r}" for f, v in TOOL_FIELDS])
-def test_tool_calling_fields_are_refused_whatever_their_value(client, field, value):
+@pytest.mark.parametrize("field,value,code", TOOL_FIELDS, ids=[f"{f}={v!r}" for f, v, _ in TOOL_FIELDS])
+def test_tool_calling_fields_without_what_they_need_are_refused(client, field, value, code):
     body = {"messages": [USER], "max_tokens": 2}
-    error = assert_quick_error(*post(client, CHAT, {**body, field: value}), 400, field, "unsupported_parameter")
-    assert "tool" in error["message"]
+    error = assert_quick_error(*post(client, CHAT, {**body, field: value}), 400, field, code)
+    assert "tool" in error["message"] or "function" in error["message"]
     served, _ = post(client, CHAT, {**body, field: None})  # null is the same as leaving the field out
+    assert served.status_code == 200, served.text
+
+
+@pytest.mark.parametrize("field,value", [("tool_choice", "none"), ("parallel_tool_calls", False)])
+def test_tool_fields_that_change_nothing_here_are_served(client, field, value):
+    served, _ = post(client, CHAT, {"messages": [USER], "max_tokens": 2, field: value})
     assert served.status_code == 200, served.text
 
 

@@ -46,8 +46,31 @@ def byte_symbols() -> list[str]:
 FIM_SPECIALS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
 
 
-def vocabulary(fim: bool = False) -> tuple[list[str], list[int], list[str]]:
-    """Tokens, their GGUF token types (1 normal, 3 control) and the merges, in id order."""
+# Hermes tool-call tags, as Qwen2.5 has them: added tokens that are not control tokens (GGUF type 4, user defined).
+TOOL_TAGS = ("<tool_call>", "</tool_call>")
+# A Hermes-style template (the syntax Qwen2.5's own template teaches), written for these tests: tools in the system
+# turn (newlines after a block tag written as expressions: transformers renders with trim_blocks), an assistant's
+# calls as <tool_call> blocks, tool results as <tool_response> in a user turn. A system
+# message after the first is a template error, as in Qwen2.5's.
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call these tools:\n<tools>"
+    "{% for tool in tools %}{{ '\n' }}{{ tool | tojson }}{% endfor %}{{ '\n' }}</tools>\nCall one as <tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n{% endif %}'
+    "{% for message in messages %}"
+    "{% if message.role == 'system' and not loop.first %}{{ raise_exception('a system message must come first') }}"
+    "{% elif message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant"
+    "{% if message.content %}{{ '\n' }}{{ message.content }}{% endif %}"
+    '{% for call in message.tool_calls %}{{ "\\n" }}<tool_call>\n{"name": "{{ call.function.name }}", "arguments": '
+    "{{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n"
+    "</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def vocabulary(fim: bool = False, tools: bool = False) -> tuple[list[str], list[int], list[str]]:
+    """Tokens, their GGUF token types (1 normal, 3 control, 4 user defined) and the merges, in id order."""
     tokens = byte_symbols()
     for left, right in MERGES:
         assert left in tokens and right in tokens, (left, right)
@@ -55,6 +78,9 @@ def vocabulary(fim: bool = False) -> tuple[list[str], list[int], list[str]]:
     specials = SPECIALS + (FIM_SPECIALS if fim else ())
     types = [1] * len(tokens) + [3] * len(specials)
     tokens += list(specials)
+    if tools:
+        tokens += list(TOOL_TAGS)
+        types += [4] * len(TOOL_TAGS)
     return tokens, types, [f"{left} {right}" for left, right in MERGES]
 
 
@@ -78,17 +104,19 @@ def write_tiny_gguf(
     scale: float = 8.0,
     noise: float = 0.0,
     fim: bool = False,
+    tools: bool = False,
 ) -> Path:
     """Write a random Qwen2 model; 2-D weights are scaled by `scale` so logits are peaked (argmax is not a
     rounding decision). dtype: "f32", "f16" or "q4_0" (2-D weights except the embedding). noise > 0 adds
     independent noise of that relative size to every 2-D weight: a model correlated with the one of the
-    same seed, but not equal (a draft that is sometimes right). fim=True adds the FIM_SPECIALS tokens."""
+    same seed, but not equal (a draft that is sometimes right). fim=True adds the FIM_SPECIALS tokens; tools=True
+    the TOOL_TAGS tokens and TOOL_CHAT_TEMPLATE in place of the plain chat template."""
     import gguf
 
     path = Path(path)
     rng = np.random.default_rng(seed)
     noise_rng = np.random.default_rng(seed + 1_000_003)
-    tokens, types, merges = vocabulary(fim)
+    tokens, types, merges = vocabulary(fim, tools)
     vocab = len(tokens)
     head_dim = hidden // heads
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
@@ -114,7 +142,7 @@ def write_tiny_gguf(
     writer.add_bos_token_id(ENDOFTEXT_ID)
     writer.add_pad_token_id(ENDOFTEXT_ID)
     writer.add_add_bos_token(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    writer.add_chat_template(TOOL_CHAT_TEMPLATE if tools else CHAT_TEMPLATE)
 
     def matrix(rows: int, cols: int, quantize: bool = True):
         data = rng.standard_normal((rows, cols)) * 0.02 * scale

@@ -45,8 +45,13 @@ class SamplingParams:
     # Structured output: a JSON schema (its JSON text) the output must match (grammar/, llguidance), masked at
     # every verified row as plain constrained decoding masks it; {"type": "object"} is OpenAI's JSON mode.
     json_schema: str | None = None
+    # Or a grammar in llguidance's Lark dialect (what tool_choice "required" builds: toolcalls/grammar.py).
+    lark_grammar: str | None = None
 
     def __post_init__(self) -> None:
+        _check(self.json_schema is None or self.lark_grammar is None, "give json_schema or lark_grammar, not both")
+        _check(self.lark_grammar is None or (isinstance(self.lark_grammar, str) and not self.ignore_eos),
+               "lark_grammar must be text, and cannot go with ignore_eos (the grammar decides where the text ends)")
         if isinstance(self.json_schema, dict):
             object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
         if self.json_schema is not None:

@@ -72,19 +72,35 @@ class SpecDecoder:
             return self.encode_chat(messages)
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
-    def encode_chat(self, messages: Sequence[dict], check_text: Callable[[str], None] | None = None) -> list[int]:
-        """Apply the chat template and tokenize; `check_text` sees the templated text first and may refuse it
-        (raise), so text that cannot fit is never tokenized. Special-token text inside a message (a user
-        pasting `<|im_end|>` or `<|fim_prefix|>`) stays text: only the template writes control tokens."""
-        if not getattr(self.tokenizer, "chat_template", None):
+    def encode_chat(self, messages: Sequence[dict], check_text: Callable[[str], None] | None = None,
+                    tools: Sequence[dict] | None = None) -> list[int]:
+        """Apply the model's own chat template (transformers renders it in a sandboxed jinja2 environment, with
+        `tools` as the template expects them) and tokenize; `check_text` sees the templated text first and may
+        refuse it (raise), so text that cannot fit is never tokenized. Special-token text inside a message (a
+        user pasting `<|im_end|>` or `<|fim_prefix|>`) stays text: only the template writes control tokens."""
+        if not self.chat_template:
             raise ValueError("this model's tokenizer has no chat template; use a completion prompt")
         messages = list(messages)
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        tools = list(tools) if tools else None
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         if check_text is not None:
             check_text(text)
         if not any(self._special_text.search(str(m.get("content", ""))) for m in messages):
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])  # the common case, as ever
-        return chat_ids_keeping_content_text(self.tokenizer, messages, self.encode_text)
+        return chat_ids_keeping_content_text(self.tokenizer, messages, self.encode_text, tools)
+
+    @functools.cached_property
+    def chat_template(self) -> str | None:
+        """The text of the model's default chat template (None without one)."""
+        template = getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
+        if isinstance(template, dict):  # named templates: the default one
+            template = template.get("default")
+        return template if isinstance(template, str) and template else None
+
+    @functools.cached_property
+    def added_vocab(self) -> dict[str, int]:
+        """The tokenizer's added tokens, text -> id (a tool-call tag may be one of them)."""
+        return dict(self.tokenizer.get_added_vocab()) if self.tokenizer is not None else {}
 
     def encode_text(self, text: str) -> list[int]:
         """Plain text to ids: no BOS, and special-token text tokenized as the characters it is."""
@@ -118,13 +134,14 @@ class SpecDecoder:
         return self.engine(spec).stream(prompt_ids, params)
 
 
-def chat_ids_keeping_content_text(tokenizer, messages: Sequence[dict], encode_text: Callable[[str], list[int]]) -> list[int]:
+def chat_ids_keeping_content_text(tokenizer, messages: Sequence[dict], encode_text: Callable[[str], list[int]],
+                                  tools: Sequence[dict] | None = None) -> list[int]:
     """The chat template's ids with each message's content tokenized as plain text: the template is rendered
     with a private-use placeholder per message, its own text tokenized with control tokens, the contents
     without. A template that does not copy each content through once cannot be split so: ValueError."""
     marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
     stand_ins = [{**m, "content": mark} if isinstance(m.get("content"), str) else m for m, mark in zip(messages, marks)]
-    rendered = tokenizer.apply_chat_template(stand_ins, tokenize=False, add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(stand_ins, tools=tools, tokenize=False, add_generation_prompt=True)
     pieces = re.split("\ue000(\\d+)\ue001", rendered)
     used = [int(i) for i in pieces[1::2]]
     if sorted(used) != [i for i, m in enumerate(messages) if isinstance(m.get("content"), str)]:

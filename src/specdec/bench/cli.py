@@ -29,6 +29,7 @@ from specdec.bench.method.render import (
 )
 from specdec.bench.method.runner import BenchConfig, run_bench
 from specdec.bench.serving.cli import add_serving_arguments, run_serving_command
+from specdec.bench.tools.cli import add_tools_arguments, run_tools_command
 from specdec.cli.flags import (
     add_model_arguments,
     add_sampling_arguments,
@@ -112,11 +113,12 @@ def register(commands) -> None:
     # llama-server's infill window (a 2048-token batch for prefix and suffix, the rest of the context less
     # 2 x n_predict for other files) keeps the same tokens on both servers.
     add_fim_arguments(bench)
+    add_tools_arguments(bench)
     bench.set_defaults(handler=run_bench_command, max_context=None)
     for action in bench._actions:
         if action.dest == "max_context":
             action.help = ("KV cache capacity in tokens (prompt + generated); default 2048 for bench, "
-                           f"{FIM_CONTEXT} for --fim")
+                           f"{FIM_CONTEXT} for --fim and --tools")
         if action.dest == "threads":  # a list here: parse_thread_list reads it, with errors as ConfigError
             action.type = str
             action.metavar = "N[,N...]"
@@ -177,8 +179,13 @@ def bench_model_ref(args: argparse.Namespace, threads: int | None = None) -> Mod
 def run_bench_command(args: argparse.Namespace, decoder=None, log=None) -> int:
     """The `specdec bench` handler; `decoder` (an already loaded SpecDecoder) skips model loading."""
     fim = getattr(args, "fim", False)
+    tools = getattr(args, "tools", False)
     if args.max_context is None:
-        args.max_context = FIM_CONTEXT if fim else METHOD_CONTEXT
+        args.max_context = FIM_CONTEXT if fim or tools else METHOD_CONTEXT
+    if tools:
+        if fim or decoder is not None or getattr(args, "serve", False):
+            raise ConfigError("--tools starts its own servers: it takes no loaded decoder, no --serve and no --fim")
+        return run_tools_command(args)
     if fim:
         if decoder is not None or getattr(args, "serve", False):
             raise ConfigError("--fim starts its own servers: it takes no loaded decoder and no --serve")

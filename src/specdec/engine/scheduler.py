@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import time
 from typing import Callable, Sequence
 
@@ -103,9 +102,9 @@ class BatchEngine:
         bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"logit_bias has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        if params.json_schema is not None:
-            # Compiled here, before any work (cached by the schema's hash: admission finds it done).
-            self.grammars.compile_json_schema(json.loads(params.json_schema))
+        if params.json_schema is not None or params.lark_grammar is not None:
+            # Compiled here, before any work (cached by the grammar's hash: admission finds it done).
+            self.grammars.compile_for(params)
 
     @property
     def grammars(self):
@@ -117,10 +116,10 @@ class BatchEngine:
         return self._grammars
 
     def grammar_for(self, params: SamplingParams):
-        """The request's grammar processor (None without json_schema); GrammarError (a ValueError) if refused."""
-        if params.json_schema is None:
+        """The request's grammar processor (None without json_schema or lark_grammar); GrammarError (a ValueError) if refused."""
+        if params.json_schema is None and params.lark_grammar is None:
             return None
-        return self.grammars.processor(self.grammars.compile_json_schema(json.loads(params.json_schema)))
+        return self.grammars.processor(self.grammars.compile_for(params))
 
     @property
     def adaptive_policies(self) -> dict[object, object]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import threading
 import time
@@ -51,10 +52,12 @@ from specdec.server.schemas import (
     chat_messages,
     check_chat_options,
     check_completion_options,
+    message_chars,
     sampling_params,
     usage,
 )
 from specdec.server.tenants import TenantKeys
+from specdec.server.tools import ToolCallChunks, constrained_to_calls, reply_finish, tool_plan
 from specdec.server.worker import EngineWorker, Job, ServerShuttingDown
 
 log = logging.getLogger("specdec.server")
@@ -372,13 +375,16 @@ def create_app(
         state.require_ready()
         model = state.check_model(req.model)
         check_chat_options(req)
+        plan = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, state.decoder.chat_template,
+                         state.decoder.added_vocab)
         messages = chat_messages(req)
-        text_chars = sum(len(m["content"]) + len(m.get("name", "")) for m in messages)
+        template_tools = plan.template_tools if plan is not None else None
+        text_chars = message_chars(messages) + (len(json.dumps(template_tools)) if template_tools else 0)
         max_context = state.engine.target.max_context
         check_prompt_chars(text_chars, max_context, "messages")
         try:
             prompt_ids = await state.prepare(text_chars, state.decoder.encode_chat, messages,
-                                             lambda text: check_rendered_chars(len(text), max_context))
+                                             lambda text: check_rendered_chars(len(text), max_context), template_tools)
         except APIError:
             raise
         except (ValueError, TypeError) as exc:
@@ -390,9 +396,9 @@ def create_app(
         else:
             max_tokens, param = req.max_tokens, "max_tokens"
         room = max(1, state.engine.target.max_context - len(prompt_ids))
-        params = sampling_params(req, max_tokens, room, param)
+        params = constrained_to_calls(sampling_params(req, max_tokens, room, param), plan)
         check_fits(state, prompt_ids, params, "messages")
-        ctx = ResponseContext("chat", model)
+        ctx = ResponseContext("chat", model, plan)
         return await _respond(state, ctx, prompt_ids, params, req, request)
 
     register_infill(app, state)
@@ -456,6 +462,7 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
     if state.limits.stream_tokens_per_event is not None:
         eos = frozenset() if job.params.ignore_eos else state.engine.target.eos_token_ids
         pacer = TokenPacer(state.limits.stream_tokens_per_event, state.engine.decode, job.params.stop, eos)
+    calls = ToolCallChunks(ctx) if ctx.tools is not None else None
     try:
         if ctx.kind == "chat":
             yield sse.event(ctx.chunk("", role=True, include_usage=include_usage))
@@ -466,12 +473,18 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
                 yield sse.event(error.body())
                 continue
             for text in (pacer.feed(output) if pacer is not None else [output.text] if output.text else []):
-                yield sse.event(ctx.chunk(text, include_usage=include_usage))
+                for chunk in (calls.feed(text) if calls is not None else [ctx.chunk(text)]):
+                    yield sse.event({**chunk, **({"usage": None} if include_usage else {})})
             if output.finish_reason is not None:  # the last output: the request's end, after its accounting
                 stats = state.specdec_stats(job)
                 if output.finish_reason in ("stop", "length"):
+                    finish = output.finish_reason
+                    if calls is not None:
+                        for chunk in calls.finish():
+                            yield sse.event({**chunk, **({"usage": None} if include_usage else {})})
+                        finish = reply_finish(finish, calls.calls)
                     empty = "" if ctx.kind == "completion" else None
-                    yield sse.event(ctx.chunk(empty, output.finish_reason, include_usage=include_usage,
+                    yield sse.event(ctx.chunk(empty, finish, include_usage=include_usage,
                                               specdec=stats))
                 if include_usage:
                     yield sse.event(ctx.usage_chunk(_usage(job), stats))

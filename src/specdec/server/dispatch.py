@@ -55,6 +55,8 @@ def check_fits(state: Any, prompt_ids: list[int], params: SamplingParams, param:
         raise APIError(400, f"{exc}; shorten the prompt or lower max_tokens", param=param,
                        code="context_length_exceeded") from exc
     except GrammarError as exc:
+        if params.lark_grammar is not None:  # only a tool-call grammar is Lark: a tool's parameter schema failed
+            raise APIError(400, f"a tool's parameters: {exc}", param="tools", code="invalid_tool_parameters") from exc
         raise APIError(400, str(exc), param="response_format", code="invalid_json_schema") from exc
     except ValueError as exc:
         raise bad_request(str(exc), param) from exc

@@ -24,6 +24,16 @@ from specdec.server.request_limits import (
     MAX_STOP_CHARS,
     MAX_STOP_SEQUENCES,
 )
+from specdec.server.tools import (
+    MAX_TOOLS,
+    ToolCallLedger,
+    ToolCallMessagePart,
+    ToolChoice,
+    ToolPlan,
+    Tools,
+    assistant_tool_calls,
+    reply_finish,
+)
 
 # ---------------------------------------------------------------------------------------------------------
 # Requests
@@ -45,8 +55,7 @@ Prompt = NonEmptyText | TokenIds | Annotated[list[NonEmptyText], Field(min_lengt
 # At most MAX_STOP_SEQUENCES strings of at most MAX_STOP_CHARS characters (see request_limits).
 StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 Stop = StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)]
-ChatRole = Literal["system", "developer", "user", "assistant"]
-_TOOL_ROLES = ("tool", "function")
+ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 def lone_surrogate_path(value: Any) -> str | None:
@@ -165,25 +174,19 @@ class CompletionRequest(_GenerationRequest):
 
 class ChatMessage(StrictModel):
     role: ChatRole  # "developer" is the newer name of "system"
-    content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_CONTENT_PARTS)]
+    # null or left out only on an assistant message that makes tool calls (chat_messages checks it)
+    content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCallMessagePart], Field(max_length=MAX_TOOLS)] | None = None  # assistant only
+    tool_call_id: str | None = None  # tool only: the call it answers
 
     @field_validator("role", mode="before")
     @classmethod
-    def _no_tool_messages(cls, role: Any) -> Any:
-        if role in _TOOL_ROLES:  # results of tool calls this server never makes (`tools` is refused too)
-            raise PydanticCustomError("unsupported", "'{role}' messages need tool calling, which this server "
-                                      "does not do", {"role": role})
+    def _no_function_messages(cls, role: Any) -> Any:
+        if role == "function":  # OpenAI's deprecated function calling: tool messages replace it
+            raise PydanticCustomError("unsupported", "'function' messages are OpenAI's deprecated function calling; "
+                                      "send tool messages (role 'tool', with tool_call_id)", {})
         return role
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _no_null_content(cls, content: Any) -> Any:
-        if content is None:  # OpenAI allows it only beside tool_calls, which this server never makes
-            raise PydanticCustomError("bad_value", "a message's content must be text (a string or a list of text "
-                                      "parts), not null: null content only goes with tool calls, which this "
-                                      "server does not make")
-        return content
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -191,8 +194,8 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
     functions: list[Any] | None = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None
@@ -223,11 +226,11 @@ def check_chat_options(req: ChatCompletionRequest) -> None:
         raise unsupported("logprobs", "token log-probabilities are not returned")
     if req.top_logprobs:
         raise unsupported("top_logprobs", "token log-probabilities are not returned")
-    # Any value but null is refused, `tools: []` and `tool_choice: "none"` too: OpenAI itself refuses an empty
-    # tools list and a tool_choice without tools, and accepting them here would suggest tool calling works.
-    for name in ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"):
+    # tools, tool_choice and parallel_tool_calls are read by server/tools.py; the deprecated function calling
+    # fields are refused, naming their replacement.
+    for name in ("functions", "function_call"):
         if getattr(req, name) is not None:
-            raise unsupported(name, "this server does no tool or function calling")
+            raise unsupported(name, "OpenAI's deprecated function calling: send tools and tool_choice")
     if req.modalities is not None and list(req.modalities) != ["text"]:
         raise unsupported("modalities", "only ['text']")
     for name in ("audio", "prediction", "reasoning_effort", "verbosity", "web_search_options"):
@@ -377,25 +380,48 @@ def penalty_options(req: _GenerationRequest) -> dict[str, Any]:
 
 
 def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them: text content only ("developer" is the system role)."""
+    """Messages as the chat template expects them: text content ("developer" is the system role), an assistant's
+    tool calls with their arguments as objects, and tool messages each answering an earlier call."""
     messages = []
+    ledger = ToolCallLedger()
     for i, message in enumerate(req.messages):
+        where = f"messages.{i}"
         content = message.content
         if isinstance(content, list):
             texts = []
             for part in content:
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise unsupported(f"messages.{i}.content", "only text content parts")
+                    raise unsupported(f"{where}.content", "only text content parts")
                 texts.append(part["text"])
             content = "\n".join(texts)
+        if message.tool_calls is not None and message.role != "assistant":
+            raise bad_request("only assistant messages carry tool_calls", f"{where}.tool_calls")
+        if message.tool_call_id is not None and message.role != "tool":
+            raise bad_request("only tool messages carry a tool_call_id", f"{where}.tool_call_id")
+        if content is None and not message.tool_calls:
+            raise bad_request("a message's content must be text (a string or a list of text parts): null content "
+                              "only goes with an assistant's tool_calls", f"{where}.content")
         role = "system" if message.role == "developer" else message.role
         entry: dict[str, Any] = {"role": role, "content": content}
         if message.name:
             entry["name"] = message.name
+        if message.tool_calls:
+            entry["tool_calls"] = assistant_tool_calls(message.tool_calls, where)
+            ledger.called(message.tool_calls)
+        if role == "tool":
+            ledger.answered(message.tool_call_id, where)
+            entry["tool_call_id"] = message.tool_call_id
         messages.append(entry)
     if not messages:
         raise bad_request("messages must contain at least one message", "messages")
     return messages
+
+
+def message_chars(messages: list[dict[str, Any]]) -> int:
+    """The text a chat's messages carry (contents, names, call arguments): what check_prompt_chars bounds."""
+    return sum(len(m["content"] or "") + len(m.get("name", ""))
+               + sum(len(json.dumps(c["function"]["arguments"])) for c in m.get("tool_calls", ()))
+               for m in messages)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -418,11 +444,12 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 class ResponseContext:
-    """The envelope fields every body and chunk of one request shares."""
+    """The envelope fields every body and chunk of one request shares, and its tool plan (chat with tools)."""
 
-    def __init__(self, kind: Literal["completion", "chat"], model: str):
+    def __init__(self, kind: Literal["completion", "chat"], model: str, tools: ToolPlan | None = None):
         self.kind = kind
         self.model = model
+        self.tools = tools
         self.id = new_id("cmpl" if kind == "completion" else "chatcmpl")
         self.created = int(time.time())
 
@@ -435,16 +462,20 @@ class ResponseContext:
             body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
         else:
             body = self._envelope("chat.completion")
-            body["choices"] = [{
-                "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish_reason,
-            }]
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.tools is not None:
+                message["content"], calls = self.tools.split(text)
+                if calls:
+                    message["tool_calls"] = [call.openai() for call in calls]
+                finish_reason = reply_finish(finish_reason, len(calls))
+            body["choices"] = [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}]
         body["usage"] = usage_
         body["specdec"] = specdec
         return body
 
     def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
-              include_usage: bool = False, specdec: dict | None = None) -> dict[str, Any]:
+              include_usage: bool = False, specdec: dict | None = None,
+              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         if self.kind == "completion":
             body = self._envelope("text_completion")
             body["choices"] = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
@@ -455,6 +486,8 @@ class ResponseContext:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if tool_calls is not None:
+                delta["tool_calls"] = tool_calls
             body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
         if include_usage:
             body["usage"] = None
@@ -475,7 +508,7 @@ class ResponseContext:
 # Response shapes, for the OpenAPI document (the handlers build plain dicts: see ResponseContext)
 # ---------------------------------------------------------------------------------------------------------
 
-FinishReason = Literal["stop", "length"] | None
+FinishReason = Literal["stop", "length", "tool_calls"] | None
 
 
 class PromptTokensDetails(BaseModel):
@@ -506,9 +539,21 @@ class CompletionResponse(BaseModel):
     specdec: dict[str, Any] | None = Field(description="this request's speculative decoding statistics")
 
 
+class ResponseFunction(BaseModel):
+    name: str
+    arguments: str = Field(description="the JSON text of the arguments object")
+
+
+class ResponseToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: ResponseFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="null when the reply is tool calls only")
+    tool_calls: list[ResponseToolCall] | None = Field(None, description="present when the model called tools")
 
 
 class ChatChoice(BaseModel):

@@ -1,0 +1,132 @@
+"""A model's output -> OpenAI content and tool calls, as the text streams in: a call is returned only once it is
+whole and names a known tool with JSON-object arguments; anything else (a malformed or unfinished call) stays
+content, so a client never receives a broken call. The same parser serves a whole reply and a stream."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from specdec.toolcalls.formats import ToolCallFormat
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: OpenAI's id, the function's name, its arguments as the JSON text of an object."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def openai(self, index: int | None = None) -> dict:
+        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return call if index is None else {"index": index, **call}
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def read_call(body: str, fmt: ToolCallFormat, names: Collection[str]) -> ToolCall | None:
+    """The call written between a format's tags, or None when it is not one (not JSON, an unknown tool, arguments
+    that are no JSON object). Arguments sent as a JSON string holding an object are read as that object."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    name, arguments = value.get(fmt.name_key), value.get(fmt.arguments_key, {})
+    if not isinstance(name, str) or name not in names:
+        return None
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(new_call_id(), name, json.dumps(arguments, ensure_ascii=False))
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """How many of text's last characters begin `tag` (they are held back until the next text decides)."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class ToolCallStream:
+    """Feed text as it comes; each feed returns what is now certain, in order: content strings and ToolCalls.
+
+    Text that may begin a call's opening tag is held until it is decided; whitespace around calls is dropped.
+    Without any call the content is exactly the text fed (finish() gives back what was held)."""
+
+    def __init__(self, fmt: ToolCallFormat, names: Collection[str]):
+        self.fmt = fmt
+        self.names = frozenset(names)
+        self.open_tag, self.close_tag = fmt.open.strip(), fmt.close.strip()
+        self.pending = ""  # text not yet decided
+        self.inside = False  # between an opening tag and its close
+        self.held = ""  # trailing whitespace of the content so far (dropped if a call follows)
+        self.calls = 0
+        self.after_call = False
+
+    def feed(self, text: str) -> list[str | ToolCall]:
+        self.pending += text
+        out: list[str | ToolCall] = []
+        while True:
+            if not self.inside:
+                at = self.pending.find(self.open_tag)
+                if at < 0:
+                    keep = _partial_tag(self.pending, self.open_tag)
+                    self._content(self.pending[: len(self.pending) - keep], out)
+                    self.pending = self.pending[len(self.pending) - keep :]
+                    return out
+                self._content(self.pending[:at], out)
+                self.pending, self.inside = self.pending[at + len(self.open_tag) :], True
+            else:
+                end = self.pending.find(self.close_tag)
+                if end < 0:
+                    return out
+                body, self.pending, self.inside = self.pending[:end], self.pending[end + len(self.close_tag) :], False
+                call = read_call(body, self.fmt, self.names)
+                if call is None:
+                    self._content(self.open_tag + body + self.close_tag, out)
+                else:
+                    out.append(call)
+                    self.calls += 1
+                    self.held, self.after_call = "", True
+
+    def finish(self) -> list[str | ToolCall]:
+        """The end of the text: an unfinished call and any held text come back as content."""
+        out: list[str | ToolCall] = []
+        rest = (self.open_tag if self.inside else "") + self.pending
+        self.pending, self.inside = "", False
+        self._content(rest, out)
+        if not self.calls and self.held:
+            out.append(self.held)
+        self.held = ""
+        return out
+
+    def _content(self, text: str, out: list) -> None:
+        text = self.held + text
+        if self.after_call:
+            text = text.lstrip()
+        body = text.rstrip()
+        self.held = text[len(body) :]
+        if body:
+            out.append(body)
+            self.after_call = False
+
+
+def split_tool_calls(text: str, fmt: ToolCallFormat, names: Collection[str]) -> tuple[str | None, list[ToolCall]]:
+    """A whole reply as (content, calls); content is None when there are calls and nothing else."""
+    stream = ToolCallStream(fmt, names)
+    events = stream.feed(text) + stream.finish()
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    content = "".join(e for e in events if isinstance(e, str))
+    return (content or None) if calls else content, calls
