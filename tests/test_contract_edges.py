@@ -179,8 +179,8 @@ def test_llamacpp_draft_with_fewer_tokens(tmp_path, monkeypatch, extra):
     draft_path = tiny_gguf.write_tiny_gguf(tmp_path / "draft.gguf", seed=1, layers=1)
     base = tiny_gguf.vocabulary
 
-    def with_extra_ids(fim: bool = False):
-        tokens, types, merges = base(fim)
+    def with_extra_ids(fim: bool = False, tools: bool = False):
+        tokens, types, merges = base(fim, tools)
         first = len(tokens)
         if extra == "tokens":
             return tokens + [f"extra{i}" for i in range(4)], types + [1] * 4, merges

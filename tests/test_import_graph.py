@@ -16,6 +16,7 @@ LAYERS = {
     "specdec.version": 0, "specdec.errors": 0, "specdec.host": 0,  # what the machine and the user's input can be
     "specdec.config": 1,  # the options of a run, checked
     "specdec.fim": 1,  # fill-in-the-middle prompt layouts (pure; a backend names its FIM tokens with it)
+    "specdec.toolcalls": 1,  # tool-call formats, parsing and grammars (pure text)
     "specdec.core": 2,  # the math: sampling, verification, statistics, intervals, cost curves
     "specdec.grammar": 2,  # JSON schemas as logits processors (llguidance)
     "specdec.backends": 3,  # model passes and their caches
@@ -32,7 +33,7 @@ LAYERS = {
 # modules), whose import at the top would make the module unimportable without it; and transformers, whose model
 # classes take seconds to import: at the top they would double the console script's start (measured 2.7 -> 5.3 s
 # to build the parser on the 2-vCPU EPYC).
-OPTIONAL = {"llama_cpp", "matplotlib", "httpx", "uvicorn", "ray", "peft", "transformers", "specdec.server.ray_serve",
+OPTIONAL = {"llama_cpp", "matplotlib", "httpx", "jsonschema", "uvicorn", "ray", "peft", "transformers", "specdec.server.ray_serve",
             "specdec.grammar.compiler"}  # the grammar compiler: llguidance's glue imports transformers (6.7 s), needed on first schema
 
 

@@ -44,7 +44,8 @@ def test_the_format_is_found_from_the_template():
 
 
 @pytest.mark.parametrize("text", ["plain answer", "a < b and <tool", "ends with <tool_ca", "  spaced \n\n",
-                                  "<tool_call>never closed", "x</tool_call>", ""])
+                                  "<tool_call>never closed", "x</tool_call>", "", '{"a": 1}', "``` not json```",
+                                  '```json\n{"name": "get_weather"}\n``` and more', "`code`", "[1, 2]"])
 def test_text_without_a_call_comes_back_exactly(text):
     assert split_tool_calls(text, HERMES, NAMES) == (text, [])
     stream = ToolCallStream(HERMES, NAMES)
@@ -74,6 +75,21 @@ def test_calls_are_parsed_with_their_content_and_whitespace_around_them_dropped(
 def test_a_malformed_or_unfinished_call_stays_content_never_a_broken_call(bad):
     text = "Sure. " + bad
     assert split_tool_calls(text, HERMES, NAMES) == (text, [])
+
+
+@pytest.mark.parametrize("text", [
+    '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+    ' {"name": "get_weather", "arguments": {"city": "Paris"}}',
+    '[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "noargs", "arguments": {}}]',
+])
+def test_a_reply_that_is_only_a_json_call_is_that_call(text):
+    # Qwen2.5-Coder often answers with the call as bare or fenced JSON instead of its template's tags.
+    for pieces in ([text], list(text)):
+        stream = ToolCallStream(HERMES, NAMES)
+        events = [e for piece in pieces for e in stream.feed(piece)] + stream.finish()
+        assert not [e for e in events if isinstance(e, str)]
+        assert calls_of(events)[0] == ("get_weather", {"city": "Paris"})
+    assert split_tool_calls(text.replace("get_weather", "unknown"), HERMES, NAMES)[1] == []
 
 
 def test_streaming_in_any_pieces_gives_what_the_whole_text_gives():

@@ -45,6 +45,9 @@ class SamplingParams:
     # Structured output: a JSON schema (its JSON text) the output must match (grammar/, llguidance), masked at
     # every verified row as plain constrained decoding masks it; {"type": "object"} is OpenAI's JSON mode.
     json_schema: str | None = None
+    # The target's log-probability of each returned token and of its `logprobs` most likely alternatives (0-20;
+    # None: none are computed), from the verify pass's rows (core/logprobs.py).
+    logprobs: int | None = None
     # Or a grammar in llguidance's Lark dialect (what tool_choice "required" builds: toolcalls/grammar.py).
     lark_grammar: str | None = None
 
@@ -77,6 +80,9 @@ class SamplingParams:
                    f"{name} must be a number in [-2, 2], got {value!r}")
         _check(isinstance(self.repetition_penalty, (int, float)) and math.isfinite(self.repetition_penalty)
                and self.repetition_penalty > 0, f"repetition_penalty must be a number > 0, got {self.repetition_penalty!r}")
+        _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                                         and 0 <= self.logprobs <= 20),
+               f"logprobs must be an integer in [0, 20] (the alternatives per token) or None, got {self.logprobs!r}")
         _check(isinstance(self.repeat_last_n, int) and self.repeat_last_n >= -1,
                f"repeat_last_n must be an integer >= -1 (-1: the whole context), got {self.repeat_last_n!r}")
         if isinstance(self.stop, str):

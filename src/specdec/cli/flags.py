@@ -163,6 +163,9 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
                         "tokens of prompt and output (default 1: off)")
     parser.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
                         help="tokens the repetition penalty looks back over (default 64; -1: all, 0: none)")
+    parser.add_argument("--logprobs", type=int, default=None, metavar="N",
+                        help="report the target's log-probability of every generated token and of its N most "
+                        "likely alternatives (0-20), read from the verify pass")
     parser.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
                         help="add BIAS to token ID's logit (repeatable; -100 all but bans it)")
 
@@ -251,7 +254,7 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
         max_tokens=args.max_tokens, stop=tuple(args.stop), seed=args.seed, ignore_eos=args.ignore_eos,
         presence_penalty=getattr(args, "presence_penalty", 0.0), frequency_penalty=getattr(args, "frequency_penalty", 0.0),
         repetition_penalty=getattr(args, "repetition_penalty", 1.0), repeat_last_n=getattr(args, "repeat_last_n", 64),
-        logit_bias=parse_logit_bias(getattr(args, "logit_bias", [])),
+        logit_bias=parse_logit_bias(getattr(args, "logit_bias", [])), logprobs=getattr(args, "logprobs", None),
     )
 
 

@@ -80,5 +80,8 @@ def run_generate(args: argparse.Namespace) -> int:
         if not args.stream:
             print(report["text"])
         print()
+        for entry in report.get("logprobs", ()):
+            alternatives = ", ".join(f"{text!r} {p:.3f}" for _, text, p in entry["top"])
+            print(f"  {entry['text']!r:>16} {entry['logprob']:8.4f}" + (f"   top: {alternatives}" if alternatives else ""))
         print(format_generation_report(report))
     return 0

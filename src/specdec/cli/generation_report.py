@@ -57,10 +57,12 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
     _warm_up(decoder, prompt_ids, params, spec)
     tokens: list[int] = []
     text_parts: list[str] = []
+    logprobs: list = []
     finish = "length"
     try:
         for chunk in engine.stream(prompt_ids, params):
             tokens += chunk.tokens
+            logprobs += chunk.logprobs or []
             text_parts.append(chunk.text)
             finish = chunk.finish_reason or finish
             if stream:
@@ -79,6 +81,12 @@ def generation_report(decoder, prompt_ids, params: SamplingParams, spec: SpecCon
         "spec": {"drafter": spec.drafter, "k": spec.num_speculative_tokens, "k_policy": spec.k_policy},
         "stats": stats.to_dict(),
     }
+    if params.logprobs is not None:  # the target's, from the verify pass (core/logprobs.py)
+        def text(token: int) -> str:
+            return decoder.tokenizer.decode([token]) if decoder.tokenizer is not None else str(token)
+
+        report["logprobs"] = [{"token": lp.token, "text": text(lp.token), "logprob": round(lp.logprob, 6),
+                               "top": [[t, text(t), round(p, 6)] for t, p in lp.top]} for lp in logprobs]
     # Drafting time per drafted token (the drafter's prompt prefill is not in it), as in Leviathan's c.
     draft_per_token = stats.draft_seconds / stats.num_draft_tokens if stats.num_draft_tokens else 0.0
     if compare:

@@ -71,6 +71,30 @@ def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(sample_rows(probs, generator))
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def position_seed(seed: int, position: int) -> int:
+    """The generator seed for one output position of a request with `seed`: splitmix64's mixer over (seed,
+    position), so the noise drawn there depends on those two numbers and on nothing else."""
+    z = ((seed & _MASK64) * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1  # 63 bits: manual_seed takes it on every device
+
+
+def positional_choices(probs: torch.Tensor, seed: int, first_position: int) -> list[int]:
+    """One draw per row of probs [rows, V], row i being output position first_position + i, each by the
+    exponential race with its own (seed, position) noise: exactly p-distributed per position, independent across
+    positions, and the same token at a position whatever was drafted, verified or batched before it."""
+    choices = []
+    for i in range(probs.shape[0]):
+        generator = torch.Generator(device=probs.device)
+        generator.manual_seed(position_seed(seed, first_position + i))
+        choices.append(int(sample_rows(probs[i], generator)))
+    return choices
+
+
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     """A generator on `device` (the logits' device: a CPU generator cannot drive sampling on CUDA tensors),
     seeded from the request, or from fresh entropy when seed is None."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specdec.core.logprobs import TokenLogprob
 from specdec.core.stats import SpecStats
 
 
@@ -24,6 +25,7 @@ class StepOutput:
     finish_reason: str | None = None  # None while the request runs
     error: BaseException | None = None
     stats: SpecStats | None = None  # the request's statistics so far
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
 
     @property
     def finished(self) -> bool:
@@ -42,6 +44,7 @@ class Generation:
     finish_reason: str
     stats: SpecStats
     from_draft: list[bool] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
 
 
 __all__ = ["Chunk", "Generation", "StepOutput"]

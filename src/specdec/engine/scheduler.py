@@ -14,10 +14,11 @@ import torch
 from specdec.backends.base import BatchRows, ModelBackend
 from specdec.backends.kvcache import ContextOverflowError, common_prefix_length
 from specdec.config import SamplingParams, SpecConfig
+from specdec.core.logprobs import row_logprobs
 from specdec.core.partitions import PartitionLRU
 from specdec.core.penalties import penalty_processor
 from specdec.core.processors import LogitsProcessor, allowed_draft_length, chain, process_rows, settle
-from specdec.core.sampling import greedy_tokens, make_generator, probabilities
+from specdec.core.sampling import greedy_tokens, make_generator, positional_choices, probabilities
 from specdec.core.stats import SpecStats
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled
 from specdec.drafters.base import Draft, Drafter
@@ -549,10 +550,14 @@ class BatchEngine:
         transform applied to each row after its own prefix first, its state left after the verdict's tokens."""
         processor = sequence.processor
         if processor is None:
-            return BatchEngine._verdict_of_rows(sequence, proposed, draft_probs, logits)
-        processed, advanced = process_rows(processor, logits, proposed)
-        verdict = BatchEngine._verdict_of_rows(sequence, proposed, draft_probs, processed)
-        settle(processor, advanced, verdict.num_accepted, verdict.next_token)
+            verdict = BatchEngine._verdict_of_rows(sequence, proposed, draft_probs, logits)
+        else:
+            processed, advanced = process_rows(processor, logits, proposed)
+            verdict = BatchEngine._verdict_of_rows(sequence, proposed, draft_probs, processed)
+            settle(processor, advanced, verdict.num_accepted, verdict.next_token)
+        if sequence.params.logprobs is not None:  # row i scored the context before token i: plain decoding's row
+            tokens = proposed[: verdict.num_accepted] + [verdict.next_token]
+            sequence.pending_logprobs = row_logprobs(logits, tokens, sequence.params.logprobs)
         return verdict
 
     @staticmethod
@@ -564,6 +569,12 @@ class BatchEngine:
             # A sliced verification may have stopped early: then its last row holds the first disagreement.
             return verify_greedy(proposed[: len(choices) - 1], choices)
         target_probs = probabilities(logits, params)
+        if draft_probs is None and params.seed is not None:
+            # A seeded request with no draft distribution (plain decoding, a model-free drafter): the token at
+            # each output position is drawn with noise keyed by (seed, position) alone, so the draft is kept
+            # while it equals those draws and the text is plain decoding's for that seed, token for token.
+            choices = positional_choices(target_probs, params.seed, sequence.generated)
+            return verify_greedy(proposed[: len(choices) - 1], choices)
         if draft_probs is not None and draft_probs.shape[-1] < target_probs.shape[-1]:
             # A draft may score fewer ids than the target (a pruned head over an embedding table that still
             # reads every target id); it never proposes the ids it lacks: q = 0 there.
@@ -608,10 +619,14 @@ class BatchEngine:
         cache.trim(cache.length - (len(sequence.context) - 1))
         stats.num_generated_tokens = sequence.generated
         stats.total_seconds = time.perf_counter() - sequence.began
+        logprobs, sequence.pending_logprobs = sequence.pending_logprobs, None
+        if logprobs is not None:
+            logprobs = logprobs[: len(new_tokens)]  # cut where the tokens were (EOS, a stop string, max_tokens)
         if finish is not None:
             sequence.finish_reason = finish
             self._leave(sequence, finish, clean=True)
-        return StepOutput(sequence.request_id, new_tokens, new_from_draft, delta, finish, stats=stats)
+        return StepOutput(sequence.request_id, new_tokens, new_from_draft, delta, finish, stats=stats,
+                          logprobs=logprobs)
 
 
 def _failed(sequence: RunningSequence, error: BaseException) -> StepOutput:

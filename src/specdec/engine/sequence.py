@@ -56,6 +56,7 @@ class RunningSequence:
     tag: object = None  # the caller's handle (a server job)
     partition: object = None  # who may share its caches: a request reuses only what its own partition left
     processor: LogitsProcessor | None = None  # penalties, logit_bias (a grammar): applied at every verified row
+    pending_logprobs: list | None = None  # the last verdict's tokens' log-probabilities, until _emit takes them
 
     @property
     def prefilling(self) -> bool:

@@ -120,15 +120,18 @@ class SpeculativeEngine:
     def generate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
         tokens: list[int] = []
         from_draft: list[bool] = []
+        logprobs = [] if params.logprobs is not None else None
         texts: list[str] = []
         finish = "length"
         stream = self.stream(prompt, params)
         for chunk in stream:
             tokens += chunk.tokens
             from_draft += chunk.from_draft
+            if logprobs is not None:
+                logprobs += chunk.logprobs or []
             texts.append(chunk.text)
             finish = chunk.finish_reason or finish
-        return Generation(tokens, "".join(texts), finish, self.last_stats, from_draft)
+        return Generation(tokens, "".join(texts), finish, self.last_stats, from_draft, logprobs)
 
     def stream(self, prompt: Sequence[int], params: SamplingParams) -> Iterator[StepOutput]:
         """Yield the request's StepOutputs until EOS, a stop string or max_tokens (the last one says which);

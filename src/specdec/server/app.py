@@ -35,6 +35,7 @@ from specdec.server.dispatch import (
 from specdec.server.errors import APIError, bad_request, error_body, error_responses, unsupported
 from specdec.server.infill import fim_prompt_ids, register_infill
 from specdec.server.limits import HostCheckMiddleware, RequestBodyGuard, ServerLimits, queue_full
+from specdec.server.logprob_reply import LogprobShaper
 from specdec.server.metrics import ServerMetrics
 from specdec.server.pacing import TokenPacer
 from specdec.server.request_limits import check_prompt_chars, check_rendered_chars
@@ -365,7 +366,7 @@ def create_app(
         else:
             prompt_ids = prompt  # token ids: _check_fits refuses a list too long by its length alone
         check_fits(state, prompt_ids, params, "prompt")
-        ctx = ResponseContext("completion", model)
+        ctx = ResponseContext("completion", model, logprobs=_shaper(state, params))
         return await _respond(state, ctx, prompt_ids, params, req, request)
 
     @app.post("/v1/chat/completions", responses={200: {"model": ChatCompletionResponse, "content": SSE_RESPONSE,
@@ -398,7 +399,7 @@ def create_app(
         room = max(1, state.engine.target.max_context - len(prompt_ids))
         params = constrained_to_calls(sampling_params(req, max_tokens, room, param), plan)
         check_fits(state, prompt_ids, params, "messages")
-        ctx = ResponseContext("chat", model, plan)
+        ctx = ResponseContext("chat", model, plan, _shaper(state, params))
         return await _respond(state, ctx, prompt_ids, params, req, request)
 
     register_infill(app, state)
@@ -406,6 +407,12 @@ def create_app(
 
 
 # --------------------------------------------------------------------------------------------- helpers
+
+
+def _shaper(state: ServerState, params) -> LogprobShaper | None:
+    if params.logprobs is None:
+        return None
+    return LogprobShaper(state.decoder.tokenizer, state.engine.target.eos_token_ids)
 
 
 def _single_prompt(prompt) -> str | list[int]:
@@ -435,17 +442,19 @@ async def _respond(state: ServerState, ctx: ResponseContext, prompt_ids, params,
 
 async def _collect(state: ServerState, ctx: ResponseContext, job: Job, request: Request) -> JSONResponse:
     texts: list[str] = []
+    logprobs: list = []
     watcher = asyncio.create_task(watch_disconnect(request, job))
     try:
         async for output in job.outputs_until_done():
             if output.error is not None:
                 raise engine_error(output.error)
             texts.append(output.text)
+            logprobs += output.logprobs or []
     finally:
         watcher.cancel()
         job.cancel()
     finish = job.finish_reason if job.finish_reason in ("stop", "length") else None
-    body = ctx.full("".join(texts), finish, _usage(job), state.specdec_stats(job))
+    body = ctx.full("".join(texts), finish, _usage(job), state.specdec_stats(job), logprobs)
     return JSONResponse(body)
 
 
@@ -463,6 +472,7 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
         eos = frozenset() if job.params.ignore_eos else state.engine.target.eos_token_ids
         pacer = TokenPacer(state.limits.stream_tokens_per_event, state.engine.decode, job.params.stop, eos)
     calls = ToolCallChunks(ctx) if ctx.tools is not None else None
+    pending: list = []  # log-probabilities of tokens whose text has not gone out yet
     try:
         if ctx.kind == "chat":
             yield sse.event(ctx.chunk("", role=True, include_usage=include_usage))
@@ -472,8 +482,12 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
                 state.metrics.request_error(error.status)
                 yield sse.event(error.body())
                 continue
+            pending += output.logprobs or []  # sent with the next chunk that carries text
             for text in (pacer.feed(output) if pacer is not None else [output.text] if output.text else []):
                 for chunk in (calls.feed(text) if calls is not None else [ctx.chunk(text)]):
+                    if pending and ctx.logprobs is not None:
+                        chunk["choices"][0]["logprobs"] = ctx.logprobs.shape(ctx.kind, pending)
+                        pending = []
                     yield sse.event({**chunk, **({"usage": None} if include_usage else {})})
             if output.finish_reason is not None:  # the last output: the request's end, after its accounting
                 stats = state.specdec_stats(job)
@@ -485,7 +499,7 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
                         finish = reply_finish(finish, calls.calls)
                     empty = "" if ctx.kind == "completion" else None
                     yield sse.event(ctx.chunk(empty, finish, include_usage=include_usage,
-                                              specdec=stats))
+                                              specdec=stats, logprobs=pending or None))
                 if include_usage:
                     yield sse.event(ctx.usage_chunk(_usage(job), stats))
         yield sse.DONE

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from specdec.config import ConfigError, SamplingParams
+from specdec.core.logprobs import MAX_TOP_LOGPROBS
 from specdec.server.errors import bad_request, unsupported
 from specdec.server.request_limits import (
     MAX_CHAT_MESSAGES,
@@ -213,8 +214,6 @@ class ChatCompletionRequest(_GenerationRequest):
 
 
 def check_completion_options(req: CompletionRequest) -> None:
-    if req.logprobs is not None:
-        raise unsupported("logprobs", "token log-probabilities are not returned")
     if req.echo:
         raise unsupported("echo")
     if req.best_of not in (None, 1):
@@ -222,10 +221,6 @@ def check_completion_options(req: CompletionRequest) -> None:
 
 
 def check_chat_options(req: ChatCompletionRequest) -> None:
-    if req.logprobs:
-        raise unsupported("logprobs", "token log-probabilities are not returned")
-    if req.top_logprobs:
-        raise unsupported("top_logprobs", "token log-probabilities are not returned")
     # tools, tool_choice and parallel_tool_calls are read by server/tools.py; the deprecated function calling
     # fields are refused, naming their replacement.
     for name in ("functions", "function_call"):
@@ -249,6 +244,7 @@ def sampling_params(req: _GenerationRequest, max_tokens: int | None, default_max
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     penalties = penalty_options(req)
     penalties["json_schema"] = response_schema(req.response_format)
+    penalties["logprobs"] = requested_logprobs(req)
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"{max_tokens_param} must be at least 1, got {max_tokens}", max_tokens_param)
     temperature = 1.0 if req.temperature is None else req.temperature
@@ -276,6 +272,20 @@ def sampling_params(req: _GenerationRequest, max_tokens: int | None, default_max
         )
     except ConfigError as exc:
         raise bad_request(str(exc)) from exc
+
+
+def requested_logprobs(req: _GenerationRequest) -> int | None:
+    """How many alternatives per token the reply's logprobs list (None: no logprobs): completions' `logprobs: N`,
+    chat's `logprobs: true` with `top_logprobs: N` (0 when left out)."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+        top, param = (req.top_logprobs or 0, "top_logprobs") if req.logprobs else (None, "top_logprobs")
+    else:
+        top, param = getattr(req, "logprobs", None), "logprobs"
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"{param} must be in [0, {MAX_TOP_LOGPROBS}], got {top}", param)
+    return top
 
 
 def response_schema(response_format: dict[str, Any] | None) -> str | None:
@@ -446,20 +456,27 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 class ResponseContext:
     """The envelope fields every body and chunk of one request shares, and its tool plan (chat with tools)."""
 
-    def __init__(self, kind: Literal["completion", "chat"], model: str, tools: ToolPlan | None = None):
+    def __init__(self, kind: Literal["completion", "chat"], model: str, tools: ToolPlan | None = None,
+                 logprobs=None):
         self.kind = kind
         self.model = model
         self.tools = tools
+        self.logprobs = logprobs  # a LogprobShaper when the request asked for logprobs (server/logprob_reply.py)
         self.id = new_id("cmpl" if kind == "completion" else "chatcmpl")
         self.created = int(time.time())
 
     def _envelope(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish_reason: str | None, usage_: dict, specdec: dict | None) -> dict[str, Any]:
+    def _logprobs(self, logprobs) -> dict[str, Any] | None:
+        return self.logprobs.shape(self.kind, logprobs) if self.logprobs is not None else None
+
+    def full(self, text: str, finish_reason: str | None, usage_: dict, specdec: dict | None,
+             logprobs=None) -> dict[str, Any]:
         if self.kind == "completion":
             body = self._envelope("text_completion")
-            body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
+            body["choices"] = [{"index": 0, "text": text, "logprobs": self._logprobs(logprobs),
+                                "finish_reason": finish_reason}]
         else:
             body = self._envelope("chat.completion")
             message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -468,17 +485,19 @@ class ResponseContext:
                 if calls:
                     message["tool_calls"] = [call.openai() for call in calls]
                 finish_reason = reply_finish(finish_reason, len(calls))
-            body["choices"] = [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}]
+            body["choices"] = [{"index": 0, "message": message, "logprobs": self._logprobs(logprobs),
+                                "finish_reason": finish_reason}]
         body["usage"] = usage_
         body["specdec"] = specdec
         return body
 
     def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
               include_usage: bool = False, specdec: dict | None = None,
-              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+              tool_calls: list[dict[str, Any]] | None = None, logprobs=None) -> dict[str, Any]:
+        shaped = self._logprobs(logprobs) if logprobs else None
         if self.kind == "completion":
             body = self._envelope("text_completion")
-            body["choices"] = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
+            body["choices"] = [{"index": 0, "text": text or "", "logprobs": shaped, "finish_reason": finish_reason}]
         else:
             body = self._envelope("chat.completion.chunk")
             delta: dict[str, Any] = {}
@@ -488,7 +507,7 @@ class ResponseContext:
                 delta["content"] = text
             if tool_calls is not None:
                 delta["tool_calls"] = tool_calls
-            body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+            body["choices"] = [{"index": 0, "delta": delta, "logprobs": shaped, "finish_reason": finish_reason}]
         if include_usage:
             body["usage"] = None
         if specdec is not None:
@@ -525,7 +544,7 @@ class Usage(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None
+    logprobs: dict[str, Any] | None = Field(None, description="the tokens' log-probabilities, when asked for")
     finish_reason: FinishReason
 
 
@@ -559,7 +578,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: dict[str, Any] | None = Field(None, description="the tokens' log-probabilities, when asked for")
     finish_reason: FinishReason
 
 

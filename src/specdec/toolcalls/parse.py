@@ -5,6 +5,7 @@ content, so a client never receives a broken call. The same parser serves a whol
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -51,6 +52,33 @@ def read_call(body: str, fmt: ToolCallFormat, names: Collection[str]) -> ToolCal
     return ToolCall(new_call_id(), name, json.dumps(arguments, ensure_ascii=False))
 
 
+JSON_STARTS = ("```", "{", "[")  # how a reply that is only a JSON call (bare or fenced) begins
+_FENCED = re.compile(r"```(?:json)?[ \t]*\n?(.*?)\s*```", re.DOTALL)
+
+
+def whole_json_calls(text: str, fmt: ToolCallFormat, names: Collection[str]) -> list[ToolCall] | None:
+    """A reply that is nothing but a call or a list of calls as JSON ({"name", "arguments"}, bare or in one ```json
+    fence, as Qwen2.5-Coder often answers instead of its template's tags), or None when it is anything else."""
+    body = text.strip()
+    fenced = _FENCED.fullmatch(body)
+    if fenced:
+        body = fenced.group(1)
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    items = value if isinstance(value, list) else [value]
+    calls = []
+    for item in items:
+        if isinstance(item, dict) and fmt.arguments_key not in item and "parameters" in item:
+            item = {**item, fmt.arguments_key: item["parameters"]}  # Llama 3's spelling of the same call
+        call = read_call(json.dumps(item), fmt, names) if isinstance(item, dict) else None
+        if call is None:
+            return None
+        calls.append(call)
+    return calls or None
+
+
 def _partial_tag(text: str, tag: str) -> int:
     """How many of text's last characters begin `tag` (they are held back until the next text decides)."""
     for n in range(min(len(text), len(tag) - 1), 0, -1):
@@ -62,8 +90,10 @@ def _partial_tag(text: str, tag: str) -> int:
 class ToolCallStream:
     """Feed text as it comes; each feed returns what is now certain, in order: content strings and ToolCalls.
 
-    Text that may begin a call's opening tag is held until it is decided; whitespace around calls is dropped.
-    Without any call the content is exactly the text fed (finish() gives back what was held)."""
+    Text that may begin a call's opening tag is held until it is decided; whitespace around calls is dropped. A
+    reply that opens as JSON (`{`, `[` or a ``` fence) is held whole: at its end it is either calls
+    (whole_json_calls) or content. Without any call the content is exactly the text fed (finish() gives back
+    what was held)."""
 
     def __init__(self, fmt: ToolCallFormat, names: Collection[str]):
         self.fmt = fmt
@@ -74,8 +104,26 @@ class ToolCallStream:
         self.held = ""  # trailing whitespace of the content so far (dropped if a call follows)
         self.calls = 0
         self.after_call = False
+        self.opening = ""  # the reply's first text while it may still open as JSON
+        self.decided = False  # whether the reply's opening has been read
+        self.whole: str | None = None  # a reply that opened as JSON, held to its end
 
     def feed(self, text: str) -> list[str | ToolCall]:
+        if self.whole is not None:
+            self.whole += text
+            return []
+        if not self.decided:
+            self.opening += text
+            start = self.opening.lstrip()
+            if start.startswith(JSON_STARTS):
+                self.whole, self.opening, self.decided = self.opening, "", True
+                return []
+            if not start or any(mark.startswith(start) for mark in JSON_STARTS):
+                return []  # whitespace, or "`"/"``": not decided yet
+            text, self.opening, self.decided = self.opening, "", True
+        return self._feed(text)
+
+    def _feed(self, text: str) -> list[str | ToolCall]:
         self.pending += text
         out: list[str | ToolCall] = []
         while True:
@@ -103,6 +151,20 @@ class ToolCallStream:
 
     def finish(self) -> list[str | ToolCall]:
         """The end of the text: an unfinished call and any held text come back as content."""
+        if self.whole is not None:
+            whole, self.whole = self.whole, None
+            calls = whole_json_calls(whole, self.fmt, self.names)
+            if calls:
+                self.calls += len(calls)
+                return list(calls)
+            return self._feed(whole) + self._finish()
+        if not self.decided:
+            self.decided = True
+            opening, self.opening = self.opening, ""
+            return self._feed(opening) + self._finish()
+        return self._finish()
+
+    def _finish(self) -> list[str | ToolCall]:
         out: list[str | ToolCall] = []
         rest = (self.open_tag if self.inside else "") + self.pending
         self.pending, self.inside = "", False

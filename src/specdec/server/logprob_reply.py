@@ -1,0 +1,69 @@
+"""Token log-probabilities in OpenAI's shapes: chat's `logprobs.content` entries (token, logprob, bytes,
+top_logprobs) and completions' `tokens` / `token_logprobs` / `top_logprobs` / `text_offset`; the EOS token that
+ends a reply is not listed (OpenAI lists the text's tokens)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from specdec.core.logprobs import TokenLogprob
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable-character -> byte map, which byte-level BPE vocabularies (Qwen's, Llama 3's) spell tokens in."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    codes, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            codes[chr(b)] = b
+        else:
+            codes[chr(256 + extra)] = b
+            extra += 1
+    return codes
+
+
+class LogprobShaper:
+    """One request's log-probabilities as OpenAI writes them; keeps the completion text offset across chunks."""
+
+    def __init__(self, tokenizer, eos: Collection[int]):
+        self.tokenizer = tokenizer
+        self.eos = frozenset(eos)
+        self.offset = 0
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one shaper per request, a bounded cache
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (its byte-level spelling read back; else its decoded text)."""
+        spelled = self.tokenizer.convert_ids_to_tokens(int(token))
+        table = _byte_decoder()
+        if isinstance(spelled, str) and spelled and all(ch in table for ch in spelled):
+            return bytes(table[ch] for ch in spelled)
+        return self.tokenizer.decode([int(token)]).encode("utf-8")
+
+    def text(self, token: int) -> str:
+        return self.token_bytes(token).decode("utf-8", "replace")
+
+    def _listed(self, logprobs: Sequence[TokenLogprob] | None) -> list[TokenLogprob]:
+        return [lp for lp in logprobs or () if lp.token not in self.eos]
+
+    def chat(self, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any]:
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            return {"token": self.text(token), "logprob": logprob, "bytes": list(self.token_bytes(token))}
+
+        return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, p) for t, p in lp.top]}
+                            for lp in self._listed(logprobs)], "refusal": None}
+
+    def completion(self, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any]:
+        listed = self._listed(logprobs)
+        offsets = []
+        for lp in listed:
+            offsets.append(self.offset)
+            self.offset += len(self.text(lp.token))
+        return {"tokens": [self.text(lp.token) for lp in listed], "token_logprobs": [lp.logprob for lp in listed],
+                "top_logprobs": [{self.text(t): p for t, p in lp.top} for lp in listed], "text_offset": offsets}
+
+    def shape(self, kind: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any]:
+        return self.chat(logprobs) if kind == "chat" else self.completion(logprobs)
