@@ -8,10 +8,8 @@ import sys
 from specdec.bench.fim.problems import SETS, sample_problems
 from specdec.bench.fim.report import summarise, to_markdown, write_fim_results
 from specdec.bench.fim.run import DEFAULT_SYSTEMS, SYSTEMS, TraceOptions, run_fim_bench
-from specdec.bench.llamacpp_peer import binaries_dir, missing_reason
-from specdec.bench.serving.cli import our_model_args, target_gguf
-from specdec.bench.serving.client import cpu_count
-from specdec.bench.serving.run import LLAMACPP_SYSTEMS, ServeOptions, serving_environment
+from specdec.bench.serving.run import serving_environment
+from specdec.bench.side_by_side import chosen, side_by_side_options
 from specdec.cli.flags import parse_thread_list
 from specdec.config import ConfigError
 
@@ -36,32 +34,16 @@ def run_fim_command(args: argparse.Namespace) -> int:
     counts = parse_thread_list(args.threads)
     if len(counts) > 1:
         raise ConfigError("--fim takes one --threads count (every server gets the same)")
-    sets = [s.strip() for s in args.fim_sets.split(",") if s.strip()]
-    systems = tuple(s.strip() for s in args.fim_systems.split(",") if s.strip())
-    for name, allowed, what in ((sets, SETS, "set"), (systems, SYSTEMS, "system")):
-        unknown = [n for n in name if n not in allowed]
-        if unknown or not name:
-            raise ConfigError(f"--fim: unknown or no {what}(s) {unknown}: choose from {', '.join(allowed)}")
+    sets = chosen("--fim-sets", args.fim_sets, SETS)
+    systems = tuple(chosen("--fim-systems", args.fim_systems, SYSTEMS))
     if args.fim_sample < 1:
         raise ConfigError(f"--fim-sample must be >= 1, got {args.fim_sample}")
     try:
         import httpx  # noqa: F401  (the bench extra, checked before any server starts)
     except ImportError as exc:
         raise ConfigError("the FIM bench needs httpx: pip install 'specdec[bench]'") from exc
-    gguf = target_gguf(args.model)
-    bin_dir = binaries_dir(args.llamacpp_bin)
-    skipped = {}
-    if any(s in LLAMACPP_SYSTEMS for s in systems):
-        why = missing_reason(bin_dir, gguf)
-        if why:
-            skipped = {s: why for s in systems if s in LLAMACPP_SYSTEMS}
-            systems = tuple(s for s in systems if s not in skipped)
-            for system, reason in skipped.items():
-                print(f"skipping {system}: {reason}", file=sys.stderr)
-    options = ServeOptions(
-        model_args=our_model_args(args), threads=counts[0] or cpu_count(), max_context=args.max_context,
-        max_tokens=0, concurrency=(1,), systems=systems, target_gguf=gguf, llamacpp_bin=bin_dir,
-        request_timeout=args.request_timeout, extra={"model": args.model})
+    options, skipped = side_by_side_options(args, systems, counts[0])
+    systems = options.systems
     problems = [p for s in sets for p in sample_problems(s, args.fim_sample, args.fim_seed)]
     trace = TraceOptions(files=args.fim_trace_files) if args.fim_trace_files > 0 else None
     print(f"FIM bench: {len(problems)} problems ({', '.join(sets)}; seed {args.fim_seed}), systems "

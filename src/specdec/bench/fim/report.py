@@ -3,13 +3,11 @@ against llama-server with 95% intervals; the editor trace) and its markdown."""
 
 from __future__ import annotations
 
-import json
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from specdec.bench.serving.report import percentile
-from specdec.core.intervals import speedup_interval
+from specdec.bench.side_by_side import interval, median, number, ratio_text, write_results
 
 PEERS = ("llamacpp_plain", "llamacpp_ngram")
 
@@ -18,24 +16,14 @@ def _by(records: Sequence[dict], system: str, set_name: str) -> dict[str, dict]:
     return {r["item"]: r for r in records if r["system"] == system and r.get("set") == set_name}
 
 
-def _median(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def _interval(ratios: list[float]) -> dict | None:
-    found = speedup_interval([r for r in ratios if r and r > 0])
-    return found.to_dict() if found else None
-
-
 def system_row(rows: dict[str, dict]) -> dict:
     done = [r for r in rows.values() if r.get("error") is None]
     e2e = [r["e2e"] for r in done]
     return {"problems": len(rows), "errors": len(rows) - len(done), "passed": sum(bool(r.get("passed")) for r in done),
             "exact_match": sum(bool(r.get("exact_match")) for r in done), "e2e_p50": percentile(e2e, 50),
             "e2e_p90": percentile(e2e, 90), "ttft_p50": percentile([r["ttft"] for r in done if r["ttft"]], 50),
-            "decode_tok_s_median": _median(r["decode_tokens_per_second"] for r in done),
-            "tokens_mean": _median(r["tokens"] for r in done)}
+            "decode_tok_s_median": median(r["decode_tokens_per_second"] for r in done),
+            "tokens_mean": median(r["tokens"] for r in done)}
 
 
 def paired(ours: dict[str, dict], peer: dict[str, dict]) -> dict:
@@ -45,9 +33,9 @@ def paired(ours: dict[str, dict], peer: dict[str, dict]) -> dict:
     decode = [ours[k]["decode_tokens_per_second"] / peer[k]["decode_tokens_per_second"] for k in common
               if ours[k]["decode_tokens_per_second"] and peer[k]["decode_tokens_per_second"]]
     e2e = [peer[k]["e2e"] / ours[k]["e2e"] for k in common if ours[k]["e2e"] and peer[k]["e2e"]]
-    ours_median, peer_median = _median(ours[k]["e2e"] for k in common), _median(peer[k]["e2e"] for k in common)
-    return {"problems": len(common), "decode_speedup": _interval(decode), "decode_pairs": len(decode),
-            "e2e_speedup": _interval(e2e),
+    ours_median, peer_median = median(ours[k]["e2e"] for k in common), median(peer[k]["e2e"] for k in common)
+    return {"problems": len(common), "decode_speedup": interval(decode), "decode_pairs": len(decode),
+            "e2e_speedup": interval(e2e),
             "e2e_median_ratio": ours_median / peer_median if ours_median and peer_median else None,
             "pass_difference": sum(bool(ours[k].get("passed")) for k in common)
             - sum(bool(peer[k].get("passed")) for k in common)}
@@ -73,7 +61,7 @@ def trace_summary(trace: dict | None) -> dict | None:
             "requests": len(records), "completed": len(done), "cancelled": sum(r["cancelled"] for r in records),
             "errors": sum(r["error"] is not None for r in records), "e2e_p50": percentile([r["e2e"] for r in done], 50),
             "e2e_p90": percentile([r["e2e"] for r in done], 90),
-            "cached_fraction_mean": _median(r["cached_tokens"] / r["prompt_tokens"] for r in done
+            "cached_fraction_mean": median(r["cached_tokens"] / r["prompt_tokens"] for r in done
                                             if r["prompt_tokens"] and r["cached_tokens"] is not None)}
     systems = out["systems"]
 
@@ -105,14 +93,6 @@ def summarise(results: dict) -> dict:
     return summary
 
 
-def _f(value, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _ci(found: dict | None) -> str:
-    return "-" if not found else f"{found['estimate']:.2f}x [{found['low']:.2f}, {found['high']:.2f}]"
-
-
 def to_markdown(results: dict) -> str:
     summary = results["summary"]
     lines = ["# specdec bench --fim", ""]
@@ -122,15 +102,15 @@ def to_markdown(results: dict) -> str:
                   "|---|---|---|---|---|---|---|---|"]
         for system, row in entry["systems"].items():
             lines.append(f"| {system} | {row['problems']} | {row['passed']} | {row['exact_match']} | "
-                         f"{_f(row['e2e_p50'])} | {_f(row['e2e_p90'])} | {_f(row['ttft_p50'])} | "
-                         f"{_f(row['decode_tok_s_median'], '.1f')} |")
+                         f"{number(row['e2e_p50'])} | {number(row['e2e_p90'])} | {number(row['ttft_p50'])} | "
+                         f"{number(row['decode_tok_s_median'], '.1f')} |")
         for system, same in entry.get("identity", {}).items():
             lines.append(f"\n{system} vs plain decoding: same pass/fail {same['same_verdict']}/{same['problems']}, "
                          f"same text {same['same_text']}/{same['problems']}")
         for peer, found in entry.get("ours_vs", {}).items():
-            lines.append(f"\nours vs {peer} ({found['problems']} problems): decode speed {_ci(found['decode_speedup'])}"
-                         f" ({found['decode_pairs']} pairs), end-to-end speed {_ci(found['e2e_speedup'])}, median "
-                         f"latency ratio {_f(found['e2e_median_ratio'])}, pass@1 difference {found['pass_difference']:+d}")
+            lines.append(f"\nours vs {peer} ({found['problems']} problems): decode speed {ratio_text(found['decode_speedup'])}"
+                         f" ({found['decode_pairs']} pairs), end-to-end speed {ratio_text(found['e2e_speedup'])}, median "
+                         f"latency ratio {number(found['e2e_median_ratio'])}, pass@1 difference {found['pass_difference']:+d}")
         lines.append("")
     trace = summary.get("trace")
     if trace:
@@ -138,20 +118,15 @@ def to_markdown(results: dict) -> str:
                   "prompt cached (median) |", "|---|---|---|---|---|---|---|"]
         for system, row in trace["systems"].items():
             lines.append(f"| {system} | {row['requests']} | {row['completed']} | {row['cancelled']} | "
-                         f"{_f(row['e2e_p50'])} | {_f(row['e2e_p90'])} | {_f(row['cached_fraction_mean'])} |")
-        lines += ["", f"median latency ours / ours cold: {_f(trace['ours_vs_cold_median'])}; ours / llamacpp_plain: "
-                  f"{_f(trace['ours_vs_llamacpp_plain_median'])}; ours / llamacpp_ngram: "
-                  f"{_f(trace['ours_vs_llamacpp_ngram_median'])}",
-                  f"our server: RSS {_f((trace['rss_before'].get('ours') or 0) / 2**20, '.0f')} MiB before the trace, "
-                  f"{_f((trace['rss_after'].get('ours') or 0) / 2**20, '.0f')} MiB after; requests running after: "
+                         f"{number(row['e2e_p50'])} | {number(row['e2e_p90'])} | {number(row['cached_fraction_mean'])} |")
+        lines += ["", f"median latency ours / ours cold: {number(trace['ours_vs_cold_median'])}; ours / llamacpp_plain: "
+                  f"{number(trace['ours_vs_llamacpp_plain_median'])}; ours / llamacpp_ngram: "
+                  f"{number(trace['ours_vs_llamacpp_ngram_median'])}",
+                  f"our server: RSS {number((trace['rss_before'].get('ours') or 0) / 2**20, '.0f')} MiB before the trace, "
+                  f"{number((trace['rss_after'].get('ours') or 0) / 2**20, '.0f')} MiB after; requests running after: "
                   f"{trace['ours_running_after']}", ""]
     return "\n".join(lines)
 
 
 def write_fim_results(results: dict, out_dir: str | Path) -> dict[str, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "results.json", "markdown": out / "results.md"}
-    paths["json"].write_text(json.dumps(results, indent=1))
-    paths["markdown"].write_text(to_markdown(results))
-    return paths
+    return write_results(results, out_dir, to_markdown(results))

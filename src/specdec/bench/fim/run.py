@@ -15,14 +15,8 @@ import psutil
 from specdec.bench.fim.client import InfillRecord, infill_body, stream_infill
 from specdec.bench.fim.problems import FimProblem
 from specdec.bench.fim.scoring import exact_match, passes
-from specdec.bench.serving.run import (
-    LLAMACPP_SYSTEMS,
-    ServeOptions,
-    ServerProcess,
-    free_port,
-    llama_command,
-    our_command,
-)
+from specdec.bench.serving.run import ServeOptions, ServerProcess, free_port, our_command
+from specdec.bench.side_by_side import rotated, start_servers
 
 SYSTEMS = {
     "reference": "specdec serve --drafter none --exact: plain decoding, the identity reference",
@@ -48,27 +42,6 @@ class TraceOptions:
     n_predict: int = 32
     cancel_every: int = 3
     cancel_after: float = 0.3
-
-
-def start_servers(options: ServeOptions, systems: Sequence[str], say) -> dict[str, ServerProcess]:
-    servers: dict[str, ServerProcess] = {}
-    try:
-        for system in systems:
-            port = free_port()
-            command = (llama_command(options, system, 1, port) if system in LLAMACPP_SYSTEMS
-                       else our_command(options, system, 1, port, True))
-            say(f"starting {system}: {' '.join(command[:2])} ...")
-            servers[system] = ServerProcess(command, port, options.start_timeout)
-    except BaseException:
-        for server in servers.values():
-            server.close()
-        raise
-    return servers
-
-
-def rotated(systems: Sequence[str], index: int) -> list[str]:
-    shift = index % len(systems)
-    return [*systems[shift:], *systems[:shift]]
 
 
 async def _send(client, url: str, system: str, item: str, body: dict, timeout: float,

@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.bench.llamacpp_peer import binaries_dir, missing_reason
-from specdec.bench.serving.cli import our_model_args, target_gguf
-from specdec.bench.serving.client import cpu_count
-from specdec.bench.serving.run import LLAMACPP_SYSTEMS, ServeOptions, serving_environment
+from specdec.bench.serving.run import serving_environment
+from specdec.bench.side_by_side import chosen, side_by_side_options
 from specdec.bench.tools.problems import SETS, sample_problems
 from specdec.bench.tools.report import summarise, to_markdown, write_tools_results
 from specdec.bench.tools.run import DEFAULT_SYSTEMS, SYSTEMS, run_tools_bench
@@ -37,12 +35,8 @@ def run_tools_command(args: argparse.Namespace) -> int:
     counts = parse_thread_list(args.threads)
     if len(counts) > 1:
         raise ConfigError("--tools takes one --threads count (every server gets the same)")
-    sets = [s.strip() for s in args.tools_sets.split(",") if s.strip()]
-    systems = tuple(s.strip() for s in args.tools_systems.split(",") if s.strip())
-    for names, allowed, what in ((sets, SETS, "set"), (systems, SYSTEMS, "system")):
-        unknown = [n for n in names if n not in allowed]
-        if unknown or not names:
-            raise ConfigError(f"--tools: unknown or no {what}(s) {unknown}: choose from {', '.join(allowed)}")
+    sets = chosen("--tools-sets", args.tools_sets, SETS)
+    systems = tuple(chosen("--tools-systems", args.tools_systems, SYSTEMS))
     if args.tools_sample < 1 or args.tools_structured < 0:
         raise ConfigError("--tools-sample must be >= 1 and --tools-structured >= 0")
     try:
@@ -50,20 +44,8 @@ def run_tools_command(args: argparse.Namespace) -> int:
         import jsonschema  # noqa: F401
     except ImportError as exc:
         raise ConfigError("the tools bench needs httpx and jsonschema: pip install 'specdec[bench]'") from exc
-    gguf = target_gguf(args.model)
-    bin_dir = binaries_dir(args.llamacpp_bin)
-    skipped = {}
-    if any(s in LLAMACPP_SYSTEMS for s in systems):
-        why = missing_reason(bin_dir, gguf)
-        if why:
-            skipped = {s: why for s in systems if s in LLAMACPP_SYSTEMS}
-            systems = tuple(s for s in systems if s not in skipped)
-            for system, reason in skipped.items():
-                print(f"skipping {system}: {reason}", file=sys.stderr)
-    options = ServeOptions(
-        model_args=our_model_args(args), threads=counts[0] or cpu_count(), max_context=args.max_context,
-        max_tokens=0, concurrency=(1,), systems=systems, target_gguf=gguf, llamacpp_bin=bin_dir,
-        request_timeout=args.request_timeout, extra={"model": args.model})
+    options, skipped = side_by_side_options(args, systems, counts[0])
+    systems = options.systems
     problems = [p for s in sets for p in sample_problems(s, args.tools_sample, args.tools_seed)]
     # Structured output from simple problems other than the sampled tool ones where the set allows.
     structured = sample_problems("simple", args.tools_sample + args.tools_structured, args.tools_seed + 1)

@@ -3,29 +3,18 @@ structured-output set's validity, forced share and speed) with paired ratios and
 
 from __future__ import annotations
 
-import json
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from specdec.bench.serving.report import percentile
-from specdec.core.intervals import binomial_interval, speedup_interval
+from specdec.bench.side_by_side import interval, median, number, ratio_text, write_results
+from specdec.core.intervals import binomial_interval
 
 PEERS = ("reference", "llamacpp_plain", "llamacpp_ngram")
 
 
 def _by(records: Sequence[dict], system: str, set_name: str) -> dict[str, dict]:
     return {r["item"]: r for r in records if r["system"] == system and r.get("set") == set_name}
-
-
-def _median(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def _interval(ratios: list[float]) -> dict | None:
-    found = speedup_interval([r for r in ratios if r and r > 0])
-    return found.to_dict() if found else None
 
 
 def system_row(rows: dict[str, dict], verdict: str) -> dict:
@@ -36,8 +25,8 @@ def system_row(rows: dict[str, dict], verdict: str) -> dict:
     forced = [r["forced_tokens"] for r in done if r.get("forced_tokens") is not None]
     return {"problems": len(rows), "errors": len(rows) - len(done), verdict: right, f"{verdict}_low": low,
             f"{verdict}_high": high, "e2e_p50": percentile([r["e2e"] for r in done], 50),
-            "decode_tok_s_median": _median(r["decode_tokens_per_second"] for r in done),
-            "tokens_median": _median(r["tokens"] for r in done),
+            "decode_tok_s_median": median(r["decode_tokens_per_second"] for r in done),
+            "tokens_median": median(r["tokens"] for r in done),
             "forced_share": sum(forced) / tokens if forced and tokens else None}
 
 
@@ -46,8 +35,8 @@ def paired(ours: dict[str, dict], peer: dict[str, dict], verdict: str) -> dict:
     decode = [ours[k]["decode_tokens_per_second"] / peer[k]["decode_tokens_per_second"] for k in common
               if ours[k]["decode_tokens_per_second"] and peer[k]["decode_tokens_per_second"]]
     e2e = [peer[k]["e2e"] / ours[k]["e2e"] for k in common if ours[k]["e2e"] and peer[k]["e2e"]]
-    return {"problems": len(common), "decode_speedup": _interval(decode), "decode_pairs": len(decode),
-            "e2e_speedup": _interval(e2e),
+    return {"problems": len(common), "decode_speedup": interval(decode), "decode_pairs": len(decode),
+            "e2e_speedup": interval(e2e),
             "same_verdict": sum(bool(ours[k].get(verdict)) == bool(peer[k].get(verdict)) for k in common),
             "same_text": sum(ours[k]["content"] == peer[k]["content"] and ours[k]["calls"] == peer[k]["calls"]
                              for k in common),
@@ -61,19 +50,15 @@ def summarise(results: dict) -> dict:
     for set_name in sorted({r.get("set") for r in records if r.get("set")}):
         verdict = "valid" if set_name == "structured" else "right"
         rows = {s: _by(records, s, set_name) for s in systems}
+        if set_name != "structured":
+            # A reply that may be a call is held until it is whole (ours streams it at the end), so its first and
+            # last deltas say nothing about decoding: only end-to-end figures compare there.
+            rows = {s: {k: {**r, "decode_tokens_per_second": None} for k, r in by.items()} for s, by in rows.items()}
         entry = {"verdict": verdict, "systems": {s: system_row(rows[s], verdict) for s in systems}}
         if "ours" in rows:
             entry["ours_vs"] = {peer: paired(rows["ours"], rows[peer], verdict) for peer in PEERS if peer in rows}
         summary["sets"][set_name] = entry
     return summary
-
-
-def _f(value, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _ci(found: dict | None) -> str:
-    return "-" if not found else f"{found['estimate']:.2f}x [{found['low']:.2f}, {found['high']:.2f}]"
 
 
 def to_markdown(results: dict) -> str:
@@ -85,21 +70,16 @@ def to_markdown(results: dict) -> str:
         lines += [f"## {title}", "", f"| system | problems | {verdict} | 95% interval | e2e p50 s | decode tok/s | "
                   "tokens (median) | forced share |", "|---|---|---|---|---|---|---|---|"]
         for system, row in entry["systems"].items():
-            lines.append(f"| {system} | {row['problems']} | {row[verdict]} | [{_f(row[verdict + '_low'])}, "
-                         f"{_f(row[verdict + '_high'])}] | {_f(row['e2e_p50'])} | {_f(row['decode_tok_s_median'], '.1f')} "
-                         f"| {_f(row['tokens_median'], '.0f')} | {_f(row['forced_share'])} |")
+            lines.append(f"| {system} | {row['problems']} | {row[verdict]} | [{number(row[verdict + '_low'])}, "
+                         f"{number(row[verdict + '_high'])}] | {number(row['e2e_p50'])} | {number(row['decode_tok_s_median'], '.1f')} "
+                         f"| {number(row['tokens_median'], '.0f')} | {number(row['forced_share'])} |")
         for peer, found in entry.get("ours_vs", {}).items():
-            lines.append(f"\nours vs {peer} ({found['problems']} problems): decode speed {_ci(found['decode_speedup'])} "
-                         f"({found['decode_pairs']} pairs), end-to-end speed {_ci(found['e2e_speedup'])}, same verdict "
+            lines.append(f"\nours vs {peer} ({found['problems']} problems): decode speed {ratio_text(found['decode_speedup'])} "
+                         f"({found['decode_pairs']} pairs), end-to-end speed {ratio_text(found['e2e_speedup'])}, same verdict "
                          f"{found['same_verdict']}/{found['problems']}, same output {found['same_text']}/{found['problems']}")
         lines.append("")
     return "\n".join(lines)
 
 
 def write_tools_results(results: dict, out_dir: str | Path) -> dict[str, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "results.json", "markdown": out / "results.md"}
-    paths["json"].write_text(json.dumps(results, indent=1))
-    paths["markdown"].write_text(to_markdown(results))
-    return paths
+    return write_results(results, out_dir, to_markdown(results))

@@ -10,15 +10,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from specdec.bench.llamacpp_peer import server_flags
-from specdec.bench.serving.run import (
-    LLAMACPP_SYSTEMS,
-    ServeOptions,
-    ServerProcess,
-    free_port,
-    llama_command,
-    our_command,
-)
+from specdec.bench.serving.run import ServeOptions, ServerProcess
+from specdec.bench.side_by_side import rotated, start_servers
 from specdec.bench.tools.client import ChatRecord, stream_chat
 from specdec.bench.tools.problems import ToolProblem, json_schema, openai_tools
 from specdec.bench.tools.scoring import answer_is_right
@@ -31,26 +24,6 @@ SYSTEMS = {
 }
 DEFAULT_SYSTEMS = ("reference", "ours", "llamacpp_plain")
 MAX_TOKENS = {"tools": 256, "structured": 256}
-
-
-def start_servers(options: ServeOptions, systems: Sequence[str], say) -> dict[str, ServerProcess]:
-    servers: dict[str, ServerProcess] = {}
-    try:
-        for system in systems:
-            port = free_port()
-            if system in LLAMACPP_SYSTEMS:
-                command = llama_command(options, system, 1, port)
-                if "--jinja" in server_flags(command[0]):  # the model's template, tools and all
-                    command.append("--jinja")
-            else:
-                command = our_command(options, system, 1, port, True)
-            say(f"starting {system}: {' '.join(command[:2])} ...")
-            servers[system] = ServerProcess(command, port, options.start_timeout)
-    except BaseException:
-        for server in servers.values():
-            server.close()
-        raise
-    return servers
 
 
 def tool_body(problem: ToolProblem) -> dict:
@@ -72,11 +45,6 @@ def structured_body(problem: ToolProblem) -> dict:
             "max_tokens": MAX_TOKENS["structured"],
             "response_format": {"type": "json_schema", "json_schema": {"name": "arguments", "strict": True,
                                                                       "schema": structured_schema(problem)}}}
-
-
-def rotated(systems: Sequence[str], index: int) -> list[str]:
-    shift = index % len(systems)
-    return [*systems[shift:], *systems[:shift]]
 
 
 async def run_requests(servers: dict[str, ServerProcess], problems: Sequence[ToolProblem], structured: Sequence[ToolProblem],
@@ -132,7 +100,7 @@ def run_tools_bench(problems: Sequence[ToolProblem], structured: Sequence[ToolPr
                     log: Callable[[str], None] | None = None) -> dict:
     say = log or (lambda message: print(message, file=sys.stderr, flush=True))
     began = time.perf_counter()
-    servers = start_servers(options, options.systems, say)
+    servers = start_servers(options, options.systems, say, jinja=True)
     try:
         say(f"{len(problems)} tool problems + {len(structured)} structured-output problems x {len(servers)} systems")
         records = asyncio.run(run_requests(servers, problems, structured, options.request_timeout, say))
