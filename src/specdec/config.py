@@ -51,6 +51,11 @@ class SamplingParams:
     # Or a grammar in llguidance's Lark dialect (what tool_choice "required" builds: toolcalls/grammar.py).
     lark_grammar: str | None = None
 
+    @property
+    def constrained(self) -> bool:
+        """Whether a grammar (json_schema or lark_grammar) constrains the output."""
+        return self.json_schema is not None or self.lark_grammar is not None
+
     def __post_init__(self) -> None:
         _check(self.json_schema is None or self.lark_grammar is None, "give json_schema or lark_grammar, not both")
         _check(self.lark_grammar is None or (isinstance(self.lark_grammar, str) and not self.ignore_eos),

@@ -103,7 +103,7 @@ class BatchEngine:
         bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"logit_bias has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        if params.json_schema is not None or params.lark_grammar is not None:
+        if params.constrained:
             # Compiled here, before any work (cached by the grammar's hash: admission finds it done).
             self.grammars.compile_for(params)
 
@@ -118,7 +118,7 @@ class BatchEngine:
 
     def grammar_for(self, params: SamplingParams):
         """The request's grammar processor (None without json_schema or lark_grammar); GrammarError (a ValueError) if refused."""
-        if params.json_schema is None and params.lark_grammar is None:
+        if not params.constrained:
             return None
         return self.grammars.processor(self.grammars.compile_for(params))
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import threading
 import time
@@ -380,7 +379,7 @@ def create_app(
                          state.decoder.added_vocab)
         messages = chat_messages(req)
         template_tools = plan.template_tools if plan is not None else None
-        text_chars = message_chars(messages) + (len(json.dumps(template_tools)) if template_tools else 0)
+        text_chars = message_chars(messages) + (plan.template_tools_chars if plan is not None else 0)
         max_context = state.engine.target.max_context
         check_prompt_chars(text_chars, max_context, "messages")
         try:

@@ -280,7 +280,7 @@ def requested_logprobs(req: _GenerationRequest) -> int | None:
     if isinstance(req, ChatCompletionRequest):
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-        top, param = (req.top_logprobs or 0, "top_logprobs") if req.logprobs else (None, "top_logprobs")
+        top, param = (req.top_logprobs or 0) if req.logprobs else None, "top_logprobs"
     else:
         top, param = getattr(req, "logprobs", None), "logprobs"
     if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:

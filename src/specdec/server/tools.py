@@ -72,6 +72,7 @@ class ToolPlan:
     fmt: ToolCallFormat
     names: tuple[str, ...]
     template_tools: list[dict[str, Any]]  # what the chat template gets as `tools`
+    template_tools_chars: int  # their length as JSON text (what the prompt-size check counts)
     grammar: str | None  # Lark text constraining the output ("required" or a named function), else None
     forced: bool  # the output is calls only (finish_reason "tool_calls" whenever it ends on its own)
 
@@ -93,7 +94,8 @@ def tool_plan(tools: list[ToolDefinition] | None, tool_choice: ToolChoice | None
     if not tools:
         raise bad_request("tools must list at least one tool (omit it for none)", "tools")
     definitions = [tool.model_dump(exclude_none=True) for tool in tools]
-    if len(json.dumps(definitions).encode()) > MAX_TOOLS_JSON_BYTES:
+    definitions_text = json.dumps(definitions)
+    if len(definitions_text.encode()) > MAX_TOOLS_JSON_BYTES:
         raise bad_request(f"the tools take more than {MAX_TOOLS_JSON_BYTES} bytes as JSON", "tools")
     names: list[str] = []
     for i, tool in enumerate(tools):
@@ -125,7 +127,7 @@ def tool_plan(tools: list[ToolDefinition] | None, tool_choice: ToolChoice | None
                               "tool_choice.function.name")
         tool = tools[names.index(wanted)]
         grammar, forced = tool_call_grammar(fmt, [(wanted, tool.function.parameters)], False, tags), True
-    return ToolPlan(fmt, tuple(names), definitions, grammar, forced)
+    return ToolPlan(fmt, tuple(names), definitions, len(definitions_text), grammar, forced)
 
 
 def constrained_to_calls(params: SamplingParams, plan: ToolPlan | None) -> SamplingParams:
