@@ -19,7 +19,7 @@ class SpecStats:
     num_prompt_tokens: int = 0
     # Prompt tokens the target cache already held from the previous request (prefix reuse): not prefilled.
     num_cached_prompt_tokens: int = 0
-    # Tokens a grammar forced, verified in passes of their own (not drafted: kept out of the drafter's counters).
+    # Tokens a grammar forced ahead of a step's draft (not drafted: kept out of the drafter's counters).
     num_forced_tokens: int = 0
     num_forced_accepted_tokens: int = 0
     draft_seconds: float = 0.0
@@ -41,9 +41,8 @@ class SpecStats:
         for i in range(num_accepted):
             self.num_accepted_tokens_per_pos[i] += 1
 
-    def record_forced_step(self, num_forced: int, num_accepted: int) -> None:
-        """A pass that verified tokens a grammar forced (the drafter did not draft this step)."""
-        self.num_target_forwards += 1
+    def record_forced(self, num_forced: int, num_accepted: int) -> None:
+        """Tokens a grammar forced at the head of a step's draft (record_step counts the step and the drafter's)."""
         self.num_forced_tokens += num_forced
         self.num_forced_accepted_tokens += num_accepted
 

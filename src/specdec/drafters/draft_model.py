@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from specdec.backends.base import BatchRows, embeddable_ids, forward_batch
-from specdec.backends.kvcache import RetainedPrefix
+from specdec.backends.kvcache import RetainedPrefix, common_prefix_length
 from specdec.config import SamplingParams, SpecConfig
 from specdec.core.sampling import greedy_tokens, probabilities, sample_token
 from specdec.drafters.base import Draft, Drafter, register_drafter
@@ -101,6 +101,13 @@ class DraftModelDrafter(Drafter):
         forward's logits, so several drafters' forwards can share one pass (propose_together). Returns the tokens
         and their distributions (None when greedy)."""
         held = self.retained.tokens  # what the cache holds, kept in step with every forward and trim
+        # A grammar's forced tokens are fed ahead of the draft (BatchEngine: the draft continues after them); the
+        # target may still reject one (the same text, tokenized otherwise): the cache then drops what the context lost.
+        recent = max(0, len(held) - _REALIGN_WINDOW)
+        agree = recent + common_prefix_length(held[recent:], context[recent:len(held)])
+        if agree < len(held):
+            self.cache.trim(len(held) - agree)
+            del held[agree:]
         pending = list(context[self.cache.length :])
         if len(pending) > 2:
             # More than the usual 1-2 tokens behind: feed the backlog as its own (prefill-like) forward.
@@ -146,6 +153,7 @@ class DraftModelDrafter(Drafter):
         self.retained.release(self.prefix_cache)
 
 
+_REALIGN_WINDOW = 64  # how far back the cache is checked against the context: past a step's forced tokens
 _CATCHUP_DONE = object()  # yielded by _drafting once the first catch-up (the prompt) has been fed
 
 

@@ -283,30 +283,31 @@ class BatchEngine:
         if plans and decoding and self._first_token_goes_ahead(plans[0]):
             decoding, self._decoders_next = [], True
         prefill_rows = sum(len(p.rows.tokens) for p in plans)
-        forced = self._forced_plans(decoding, outputs)
-        plans += forced
-        if forced:
-            taken = {id(p.sequence) for p in forced}
-            decoding = [s for s in decoding if id(s) not in taken and not s.finished]
-        chosen = self._choose_drafts(decoding, prefill_rows, outputs)
+        forced = self._forced_tokens(decoding, outputs)
+        decoding = [s for s in decoding if not s.finished]
+        # The forced tokens' rows are in the pass before any draft is priced (the drafter continues after them).
+        chosen = self._choose_drafts(decoding, prefill_rows + sum(map(len, forced.values())), outputs, forced)
         for group in self._drafting_groups(chosen):
             try:
                 drafts = self._draft(group)
             except Exception as exc:  # noqa: BLE001 - the sequences whose drafts failed end; the others go on
-                for sequence, _, _ in group:
+                for sequence, _, _, _ in group:
                     self._leave(sequence, "error", clean=False)
                     outputs.append(_failed(sequence, exc))
                 continue
-            for (sequence, policy, k), draft in zip(group, drafts):
-                proposed = draft.tokens[: max(k, 0)]
-                offered = len(proposed)
-                if sequence.processor is not None and proposed:
-                    # Drafts that leave the processor's language end where they leave it (a grammar).
+            for (sequence, policy, k, prefix), draft in zip(group, drafts):
+                drafted = draft.tokens[: max(k, 0)]
+                offered = len(drafted)
+                proposed = prefix + drafted
+                if sequence.processor is not None and drafted:
+                    # Drafts that leave the processor's language end where they leave it (a grammar); the forced
+                    # tokens are the language's only continuation, so the cut falls after them.
                     proposed = proposed[: allowed_draft_length(sequence.processor, proposed, draft.probs is not None)]
                 sequence.stats.draft_seconds += draft.seconds
                 rows = BatchRows([sequence.context[-1]] + proposed, sequence.slot.cache, len(proposed) + 1)
-                plans.append(StepPlan(sequence, rows, decode=True, proposed=proposed, draft=draft, policy=policy,
-                                      offered=offered))
+                plans.append(StepPlan(sequence, rows, decode=True, proposed=proposed,
+                                      draft=_after_forced(prefix, draft, self.target.vocab_size), policy=policy,
+                                      offered=offered, forced=len(prefix)))
         if not plans:
             return outputs
         self._fit_prompt_chunk_beside_decode_rows(plans)
@@ -345,26 +346,23 @@ class BatchEngine:
                 outputs.append(_failed(sequence, exc))
         return outputs
 
-    def _forced_plans(self, decoding: list[RunningSequence], outputs: list[StepOutput]) -> list[StepPlan]:
-        """The sequences whose processor forces tokens next (a grammar's fixed text: a property name, a closing
-        brace): those tokens are this step's draft, free of the drafter, verified in the same pass as the others'
-        rows (DESIGN.md section 9). A processor that fails ends its sequence here."""
-        plans = []
+    def _forced_tokens(self, decoding: list[RunningSequence], outputs: list[StepOutput]) -> dict[int, list[int]]:
+        """By id(sequence), the tokens each decoding sequence's processor forces next (a grammar's fixed text: a
+        property name, a closing brace; [] for none): they open this step's draft, free of the drafter, which
+        continues after them, all verified in the same pass as the others' rows (DESIGN.md section 9). A processor
+        that fails ends its sequence here."""
+        forced: dict[int, list[int]] = {}
         for sequence in decoding:
-            if sequence.processor is None:
-                continue
-            try:
-                tokens = sequence.processor.forced()
-            except Exception as exc:  # noqa: BLE001 - that sequence's grammar failed; the others go on
-                self._leave(sequence, "error", clean=False)
-                outputs.append(_failed(sequence, exc))
-                continue
-            tokens = [int(t) for t in tokens[: max(self._draft_room(sequence), 0)]]
-            if tokens:
-                rows = BatchRows([sequence.context[-1]] + tokens, sequence.slot.cache, len(tokens) + 1)
-                plans.append(StepPlan(sequence, rows, decode=True, proposed=tokens, draft=Draft(tokens),
-                                      forced=True))
-        return plans
+            tokens: list[int] = []
+            if sequence.processor is not None:
+                try:
+                    tokens = [int(t) for t in sequence.processor.forced()[: max(self._draft_room(sequence), 0)]]
+                except Exception as exc:  # noqa: BLE001 - that sequence's grammar failed; the others go on
+                    self._leave(sequence, "error", clean=False)
+                    outputs.append(_failed(sequence, exc))
+                    continue
+            forced[id(sequence)] = tokens
+        return forced
 
     def _first_token_goes_ahead(self, prompt: StepPlan) -> bool:
         """Whether this prompt chunk runs alone, the decoding streams' pass in the next step (which then takes no
@@ -447,35 +445,37 @@ class BatchEngine:
     def _new_policy(self):
         return make_policy(self.spec.k_policy, self.spec.num_speculative_tokens, self.target.pass_costs)
 
-    def _choose_drafts(self, deciders: list[RunningSequence], prefill_rows: int,
-                       outputs: list[StepOutput]) -> list[tuple[RunningSequence, object, int]]:
-        """This step's (sequence, policy, k) for every decoding sequence (the lengths: kpolicy/draft_lengths.py);
-        a sequence whose drafter failed ends here."""
+    def _choose_drafts(self, deciders: list[RunningSequence], rows_in_pass: int, outputs: list[StepOutput],
+                       forced: dict[int, list[int]]) -> list[tuple[RunningSequence, object, int, list[int]]]:
+        """This step's (sequence, policy, k, forced tokens) for every decoding sequence (the lengths:
+        kpolicy/draft_lengths.py; k drafted after the forced tokens); a sequence whose drafter failed ends here."""
         options = []
         for sequence in deciders:
+            prefix = forced.get(id(sequence), [])
             try:
-                options.append((sequence, *self._draft_option(sequence)))
+                options.append((sequence, *self._draft_option(sequence, prefix), prefix))
             except Exception as exc:  # noqa: BLE001 - a drafter failed: that sequence ends, the others go on
                 self._leave(sequence, "error", clean=False)
                 outputs.append(_failed(sequence, exc))
-        ks = choose_draft_lengths([(policy, cap) for _, policy, cap in options], prefill_rows)
-        return [(sequence, policy, k) for (sequence, policy, _), k in zip(options, ks)]
+        ks = choose_draft_lengths([(policy, cap) for _, policy, cap, _ in options], rows_in_pass)
+        return [(sequence, policy, k, prefix) for (sequence, policy, _, prefix), k in zip(options, ks)]
 
-    def _draft_option(self, sequence: RunningSequence) -> tuple[object, int]:
-        """The k policy of the source that drafts for this sequence this step, and the most it may draft (None, 0:
-        a plain step). A drafter that plans (suffix, prompt lookup) has its plan scored by the policy and caps k."""
+    def _draft_option(self, sequence: RunningSequence, forced: list[int]) -> tuple[object, int]:
+        """The k policy of the source that drafts for this sequence this step, after the forced tokens, and the most
+        it may draft (None, 0: no draft). A drafter that plans (suffix, prompt lookup) has its plan scored by the
+        policy and caps k."""
         # Invariant: the target cache holds every context token except the last.
         drafter = sequence.slot.drafter
-        if drafter is None:
+        cap = self._draft_room(sequence) - len(forced)
+        if drafter is None or cap <= 0:
             return None, 0
         # Sources differ in acceptance and cost (an n-gram copy vs a draft model), so each has its own policy;
         # None means the drafter has nothing to propose: a plain step.
-        context = sequence.context
+        context = sequence.context + forced
         source = drafter.next_source(context)
         if source is None:
             return None, 0
         policy = self._policy(sequence, source)
-        cap = self._draft_room(sequence)
         # A deterministic drafter's plan is a function of the context, so the tokens that follow score it whatever
         # k is chosen: a policy that learns from plans learns acceptance from every step, never drafting to find out.
         planned = drafter.plan(context) if policy.can_learn_from_plans else None
@@ -515,11 +515,12 @@ class BatchEngine:
 
     @staticmethod
     def _draft(group: list) -> list[Draft]:
+        """Each (sequence, policy, k, forced) entry's draft, continuing its context after the forced tokens."""
         if len(group) > 1:
             drafter = group[0][0].slot.drafter
-            return type(drafter).propose_batch([(s.slot.drafter, s.context, k) for s, _, k in group])
-        sequence, _, k = group[0]
-        return [sequence.slot.drafter.propose(sequence.context, k) if k > 0 else Draft([])]
+            return type(drafter).propose_batch([(s.slot.drafter, s.context + prefix, k) for s, _, k, prefix in group])
+        sequence, _, k, prefix = group[0]
+        return [sequence.slot.drafter.propose(sequence.context + prefix, k) if k > 0 else Draft([])]
 
     def _finish_decode(self, plan: StepPlan, logits: torch.Tensor, target_seconds: float, shared: bool) -> StepOutput:
         sequence, proposed, draft = plan.sequence, plan.proposed, plan.draft
@@ -527,19 +528,20 @@ class BatchEngine:
         draft_probs = draft.probs[: len(proposed)] if draft.probs is not None else None
         verdict = self._verdict(sequence, proposed, draft_probs, logits)
         stats.target_seconds += target_seconds
+        # The forced tokens come first; the drafter's own tokens follow them (each counted apart).
+        forced_accepted = min(verdict.num_accepted, plan.forced)
+        drafted, drafted_accepted = len(proposed) - plan.forced, verdict.num_accepted - forced_accepted
         drafter = sequence.slot.drafter
         if drafter is not None and plan.offered:
             # What the drafter proposed, not what a processor let through: its own state holds all it proposed.
-            drafter.accepted(verdict.num_accepted, plan.offered)
+            drafter.accepted(drafted_accepted, plan.offered)
         if plan.policy is not None:
-            # A pass shared with other sequences says what the whole pass cost, not what this sequence's rows
-            # added: the policy prices those from the measured curve instead (AdaptiveK.other_rows).
-            plan.policy.update(len(proposed), verdict.num_accepted, draft.seconds,
-                               0.0 if shared else target_seconds, draft.catchup_seconds)
-        if plan.forced:
-            stats.record_forced_step(len(proposed), verdict.num_accepted)
-        else:
-            stats.record_step(len(proposed), verdict.num_accepted)
+            # A pass shared with other sequences (or holding forced rows) says what the whole pass cost, not what
+            # this draft's rows added: the policy prices those from the measured curve instead (AdaptiveK.other_rows).
+            plan.policy.update(drafted, drafted_accepted, draft.seconds,
+                               0.0 if shared or plan.forced else target_seconds, draft.catchup_seconds)
+        stats.record_step(drafted, drafted_accepted)
+        stats.record_forced(plan.forced, forced_accepted)
         return self._emit(sequence, proposed[: verdict.num_accepted] + [verdict.next_token],
                           [True] * verdict.num_accepted + [False])
 
@@ -627,6 +629,21 @@ class BatchEngine:
             self._leave(sequence, finish, clean=True)
         return StepOutput(sequence.request_id, new_tokens, new_from_draft, delta, finish, stats=stats,
                           logprobs=logprobs)
+
+
+def _after_forced(forced: list[int], draft: Draft, vocab_size: int) -> Draft:
+    """The step's whole draft: the forced tokens, then the drafter's. A stochastic draft's q gets a one-hot row per
+    forced token (the rejection rule accepts it with the processed target's probability of it, which is 1)."""
+    if not forced:
+        return draft
+    probs = draft.probs
+    if probs is not None:
+        # Over the target's ids: a pruned draft head may lack a forced id (its q is 0 on the ids it lacks).
+        probs = torch.nn.functional.pad(probs, (0, max(vocab_size - probs.shape[-1], 0)))
+        one_hot = torch.zeros(len(forced), probs.shape[-1], dtype=probs.dtype, device=probs.device)
+        one_hot[torch.arange(len(forced)), torch.tensor(forced)] = 1.0
+        probs = torch.cat([one_hot, probs])
+    return Draft(forced + list(draft.tokens), probs, draft.seconds, draft.catchup_seconds)
 
 
 def _failed(sequence: RunningSequence, error: BaseException) -> StepOutput:

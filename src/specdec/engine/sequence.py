@@ -79,4 +79,4 @@ class StepPlan:
     draft: Draft | None = None
     policy: KPolicy | None = None
     offered: int = 0  # draft tokens the drafter proposed for this step (a processor may let fewer through)
-    forced: bool = False  # the draft is a grammar's forced tokens, not the drafter's
+    forced: int = 0  # how many of the proposed tokens a grammar forced (they come first; the drafter's follow)
