@@ -12,7 +12,7 @@ pytest.importorskip("llguidance")
 
 from specdec.config import ModelRef, SamplingParams, SpecConfig
 from specdec.decoder import SpecDecoder
-from specdec.toolcalls.formats import HERMES, detect_format
+from specdec.toolcalls.formats import HERMES, LLAMA3_JSON, MISTRAL, detect_format
 from specdec.toolcalls.grammar import tool_call_grammar
 from specdec.toolcalls.parse import ToolCall, ToolCallStream, split_tool_calls
 from tiny_gguf import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE, write_tiny_gguf
@@ -39,7 +39,9 @@ def calls_of(events) -> list[tuple[str, dict]]:
 def test_the_format_is_found_from_the_template():
     assert detect_format(TOOL_CHAT_TEMPLATE) is HERMES
     assert detect_format(CHAT_TEMPLATE) is None  # renders no tools
-    assert detect_format("{{ tools }} [TOOL_CALLS]") is None  # a syntax this server does not parse
+    assert detect_format("{{ tools }} <function_calls>") is None  # a syntax this server does not parse
+    assert detect_format("{%- if tools %}[AVAILABLE_TOOLS]{{ tools }}{% endif %}[TOOL_CALLS]") is MISTRAL
+    assert detect_format("{{ tools }}<|start_header_id|>ipython<|end_header_id|>") is LLAMA3_JSON
     assert detect_format(None) is None
 
 
@@ -104,6 +106,41 @@ def test_streaming_in_any_pieces_gives_what_the_whole_text_gives():
         assert calls_of(events) == expected
 
 
+MISTRAL_CALLS = ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                 '{"name": "noargs", "arguments": {}, "id": "a1b2c3d4e"}]')
+LLAMA3_CALL = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+
+
+@pytest.mark.parametrize("fmt, text, expected", [
+    (MISTRAL, MISTRAL_CALLS, [("get_weather", {"city": "Paris"}), ("noargs", {})]),
+    (MISTRAL, "Sure. " + MISTRAL_CALLS, [("get_weather", {"city": "Paris"}), ("noargs", {})]),
+    (LLAMA3_JSON, LLAMA3_CALL, [("get_weather", {"city": "Paris"})]),
+    (LLAMA3_JSON, "  " + LLAMA3_CALL.replace("parameters", "arguments"), [("get_weather", {"city": "Paris"})]),
+])
+def test_other_families_calls_are_parsed_whole_and_streamed(fmt, text, expected):
+    for size in (1, 3, len(text)):
+        stream = ToolCallStream(fmt, NAMES)
+        events = [e for i in range(0, len(text), size) for e in stream.feed(text[i:i + size])] + stream.finish()
+        assert calls_of(events) == expected, size
+        content = "".join(e for e in events if isinstance(e, str))
+        assert content == ("Sure." if text.startswith("Sure") else "")
+
+
+@pytest.mark.parametrize("fmt, text", [
+    (MISTRAL, MISTRAL_CALLS[:-2]),  # never closed
+    (MISTRAL, MISTRAL_CALLS.replace("noargs", "unknown")),  # one call names no tool: none is returned
+    (MISTRAL, "[TOOL_CALLS]{}"),
+    (LLAMA3_JSON, "The call would be " + LLAMA3_CALL),  # not the whole reply
+    (LLAMA3_JSON, LLAMA3_CALL[:-1]),
+    (LLAMA3_JSON, "plain <tool_call> text"),
+])
+def test_other_families_malformed_calls_stay_content(fmt, text):
+    assert split_tool_calls(text, fmt, NAMES) == (text, [])
+    stream = ToolCallStream(fmt, NAMES)
+    pieces = [e for ch in text for e in stream.feed(ch)] + stream.finish()
+    assert "".join(pieces) == text
+
+
 # --------------------------------------------------------------------------------------------- engine
 
 
@@ -119,6 +156,22 @@ def required_params(decoder, tools, parallel=True) -> SamplingParams:
     schemas = [(t["function"]["name"], t["function"].get("parameters")) for t in tools]
     tags = {tag: decoder.added_vocab[tag] for tag in HERMES.tags}
     return SamplingParams(max_tokens=120, lark_grammar=tool_call_grammar(HERMES, schemas, parallel, tags))
+
+
+@pytest.mark.parametrize("fmt", [MISTRAL, LLAMA3_JSON], ids=["mistral", "llama3-json"])
+def test_a_required_call_in_other_families_syntax_is_valid_and_parses(decoder, fmt):
+    schemas = [(t["function"]["name"], t["function"].get("parameters")) for t in (WEATHER, CLOCK)]
+    params = SamplingParams(max_tokens=120, lark_grammar=tool_call_grammar(fmt, schemas, True))
+    prompt = decoder.encode("Weather in Paris?", chat=False)
+    plain = decoder.generate(prompt, params, SpecConfig(drafter="none"))
+    fast = decoder.generate(prompt, params, SpecConfig(drafter="draft_model", num_speculative_tokens=4,
+                                                       k_policy="fixed"))
+    assert fast.tokens == plain.tokens and plain.finish_reason == "stop"
+    content, calls = split_tool_calls(plain.text, fmt, ("get_weather", "clock"))
+    assert calls and content is None, plain.text
+    for call in calls:
+        arguments = json.loads(call.arguments)
+        assert (call.name == "clock" and arguments["zone"] in ("utc", "cet")) or arguments["unit"] in ("c", "f")
 
 
 def test_the_template_gets_the_tools_and_the_tool_history(decoder):

@@ -116,7 +116,7 @@ def tool_plan(tools: list[ToolDefinition] | None, tool_choice: ToolChoice | None
         raise unsupported("tools", "this model's chat template renders no tools in a tool-call syntax this server "
                           f"parses (known: {known_format_names()})")
     grammar, forced = None, False
-    tags = {tag: added_vocab[tag] for tag in fmt.tags if tag in added_vocab}
+    tags = {tag: added_vocab[tag] for tag in fmt.tags if tag and tag in added_vocab}
     if tool_choice == "required":
         schemas = [(t.function.name, t.function.parameters) for t in tools]
         grammar, forced = tool_call_grammar(fmt, schemas, parallel is not False, tags), True

@@ -42,11 +42,17 @@ def tool_call_grammar(fmt: ToolCallFormat, tools: Sequence[tuple[str, dict[str, 
     if not tools:
         raise ValueError("a tool-call grammar needs at least one tool")
     tags = dict(tag_tokens or {})
-    lines = ["start: call (sep call)*" if parallel else "start: call"]
-    if parallel:
-        lines.append(f"sep: {_literal(fmt.separator)}")
-    lines.append(f"call: {_tagged(fmt.open, tags)} ({' | '.join(f'fn_{i}' for i in range(len(tools)))}) "
-                 f"{_tagged(fmt.close, tags)}")
+    parallel = parallel and fmt.parallel
+    choice = f"({' | '.join(f'fn_{i}' for i in range(len(tools)))})"
+    opening = _tagged(fmt.open, tags)
+    if fmt.array:  # open + [fn, fn, ...]: the array ends the reply
+        lines = [f"start: {opening} \"[\" {choice}" + (f" ({_literal(fmt.separator)} {choice})*" if parallel else "")
+                 + " \"]\""]
+    else:
+        lines = ["start: call (sep call)*" if parallel else "start: call"]
+        if parallel:
+            lines.append(f"sep: {_literal(fmt.separator)}")
+        lines.append(f"call: {' '.join(p for p in (opening, choice, _tagged(fmt.close, tags)) if p)}")
     for i, (name, parameters) in enumerate(tools):
         head = ("{" + json.dumps(fmt.name_key) + fmt.key_separator + json.dumps(name) + fmt.item_separator
                 + json.dumps(fmt.arguments_key) + fmt.key_separator)

@@ -70,13 +70,37 @@ def whole_json_calls(text: str, fmt: ToolCallFormat, names: Collection[str]) -> 
     items = value if isinstance(value, list) else [value]
     calls = []
     for item in items:
-        if isinstance(item, dict) and fmt.arguments_key not in item and "parameters" in item:
-            item = {**item, fmt.arguments_key: item["parameters"]}  # Llama 3's spelling of the same call
-        call = read_call(json.dumps(item), fmt, names) if isinstance(item, dict) else None
+        call = _json_call(item, fmt, names)
         if call is None:
             return None
         calls.append(call)
     return calls or None
+
+
+def _json_call(item, fmt: ToolCallFormat, names: Collection[str]) -> ToolCall | None:
+    """One call as a decoded JSON value, its arguments under either family's key ("arguments", or Llama 3's
+    "parameters"), or None when it is not one."""
+    if not isinstance(item, dict):
+        return None
+    if fmt.arguments_key not in item:
+        for key in ("arguments", "parameters"):
+            if key in item:
+                item = {**item, fmt.arguments_key: item[key]}
+                break
+    return read_call(json.dumps(item), fmt, names)
+
+
+def array_calls(body: str, fmt: ToolCallFormat, names: Collection[str]) -> list[ToolCall] | None:
+    """The calls of a format that writes them as one JSON array after its tag (Mistral), or None when the body is
+    not such an array of well-formed calls."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or not value:
+        return None
+    calls = [_json_call(item, fmt, names) for item in value]
+    return None if any(call is None for call in calls) else calls
 
 
 def _partial_tag(text: str, tag: str) -> int:
@@ -126,7 +150,13 @@ class ToolCallStream:
     def _feed(self, text: str) -> list[str | ToolCall]:
         self.pending += text
         out: list[str | ToolCall] = []
+        if not self.open_tag:  # a family whose only call is the whole reply as JSON (held by feed)
+            self._content(self.pending, out)
+            self.pending = ""
+            return out
         while True:
+            if self.inside and self.fmt.array:
+                return out  # the array of calls runs to the end of the reply: decided there (_finish)
             if not self.inside:
                 at = self.pending.find(self.open_tag)
                 if at < 0:
@@ -166,6 +196,13 @@ class ToolCallStream:
 
     def _finish(self) -> list[str | ToolCall]:
         out: list[str | ToolCall] = []
+        if self.inside and self.fmt.array:
+            calls = array_calls(self.pending, self.fmt, self.names)
+            if calls:
+                self.pending, self.inside = "", False
+                self.calls += len(calls)
+                self.held = ""
+                return list(calls)
         rest = (self.open_tag if self.inside else "") + self.pending
         self.pending, self.inside = "", False
         self._content(rest, out)
