@@ -143,3 +143,103 @@ def test_the_openai_sdk_gets_logprobs_whole_and_streamed(decoder):
                 assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
             bad = http.post("/v1/completions", json={"prompt": "x", "logprobs": 99})
             assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprobs"
+
+
+# -- the prompt's log-probabilities (completions' echo) -------------------------------------------------------
+
+
+def reference_prompt_logprobs(decoder, prompt: list[int], top: int):
+    """By hand: the prompt fed one token at a time; the row after prompt[:i + 1] scores prompt[i + 1]."""
+    target = decoder.target
+    cache = target.new_cache(target.max_context)
+    out = []
+    for i in range(len(prompt) - 1):
+        scores = torch.log_softmax(target.forward([prompt[i]], cache, 1)[-1].float(), dim=-1)
+        values, ids = scores.topk(top)
+        out.append((prompt[i + 1], float(scores[prompt[i + 1]]), ids.tolist()))
+    return out
+
+
+@pytest.mark.parametrize("chunk", [None, 4, 5])
+def test_prompt_logprobs_equal_the_reference_in_any_prefill_chunks(decoder, chunk):
+    from specdec.engine.scheduler import BatchEngine
+
+    prompt = decoder.encode("the cat and the dog sat on the mat", chat=False)
+    assert len(prompt) > 10
+    expected = reference_prompt_logprobs(decoder, prompt, 2)
+    engine = BatchEngine(decoder.target, None, PLAIN, prefill_chunk=chunk)
+    engine.add(prompt, SamplingParams(max_tokens=3, prompt_logprobs=2, ignore_eos=True))
+    outputs = []
+    while engine.running:
+        outputs += engine.step()
+    got = outputs[0].prompt_logprobs
+    assert len(got) == len(prompt) - 1 and all(o.prompt_logprobs is None for o in outputs[1:])
+    for lp, (token, logprob, top_ids) in zip(got, expected):
+        assert lp.token == token and math.isclose(lp.logprob, logprob, abs_tol=2e-3)
+        assert [t for t, _ in lp.top] == top_ids
+    assert sum(len(o.tokens) for o in outputs) == 3
+
+
+def test_a_negative_control_prompt_rows_off_by_one_are_caught(decoder, monkeypatch):
+    from specdec.core.logprobs import row_logprobs
+    from specdec.engine.scheduler import BatchEngine
+
+    def off_by_one(sequence, rows, logits):  # each row read as scoring its own token, not the next one
+        start = sequence.prefilled
+        sequence.prompt_logprobs = (sequence.prompt_logprobs or []) + row_logprobs(
+            logits[:rows], sequence.prompt[start:start + rows], 1)[1 if start == 0 else 0:]
+
+    prompt = decoder.encode("the cat and the dog sat on the mat", chat=False)
+    expected = reference_prompt_logprobs(decoder, prompt, 1)
+    monkeypatch.setattr(BatchEngine, "_score_prompt_rows", staticmethod(off_by_one))
+    got = decoder.generate(prompt, SamplingParams(max_tokens=1, prompt_logprobs=1), PLAIN).prompt_logprobs
+    assert any(not math.isclose(lp.logprob, logprob, abs_tol=2e-3) for lp, (_, logprob, _) in zip(got, expected))
+
+
+def test_max_tokens_zero_scores_the_prompt_only_and_skips_the_prefix_cache(decoder):
+    prompt = decoder.encode("one two three four", chat=False)
+    params = SamplingParams(max_tokens=0, prompt_logprobs=0)
+    first = decoder.generate(prompt, params, speculative(3))
+    again = decoder.generate(prompt, params, speculative(3))
+    assert first.tokens == [] and first.text == "" and first.finish_reason == "length"
+    assert [lp.logprob for lp in again.prompt_logprobs] == [lp.logprob for lp in first.prompt_logprobs]
+    assert again.stats.num_cached_prompt_tokens == 0  # no cached prefix has the rows the scores need
+    assert len(first.prompt_logprobs) == len(prompt) - 1 and all(lp.top == () for lp in first.prompt_logprobs)
+    with pytest.raises(ConfigError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ConfigError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=21)
+
+
+def test_echo_through_the_openai_sdk_is_what_lm_evaluation_harness_reads(decoder):
+    """completions with echo + logprobs (+ max_tokens 0 or 1): the prompt's text first, its tokens' scores (the
+    first null) equal to the one-token-at-a-time reference, then the completion's; streamed, the prompt first."""
+    import openai
+
+    from specdec.server import create_app
+    from test_server import LiveServer
+
+    prompt = "the cat and the dog sat"
+    ids = decoder.encode(prompt, chat=False)
+    expected = reference_prompt_logprobs(decoder, ids, 1)
+    with LiveServer(create_app(decoder, served_model_name="tiny")) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        only = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=1,
+                                         temperature=0).choices[0]
+        assert only.text == prompt and only.finish_reason == "length"
+        block = only.logprobs
+        assert len(block.tokens) == len(ids) and block.token_logprobs[0] is None and block.top_logprobs[0] is None
+        for got, (_, want, _) in zip(block.token_logprobs[1:], expected):
+            assert math.isclose(got, want, abs_tol=2e-3)
+        assert "".join(block.tokens) == prompt and block.text_offset[0] == 0
+        one = client.completions.create(model="tiny", prompt=ids, max_tokens=1, echo=True, logprobs=1,
+                                        temperature=0, extra_body={"ignore_eos": True}).choices[0]
+        assert len(one.logprobs.token_logprobs) == len(ids) + 1  # harness: [ctxlen:-1] drops the generated one
+        assert one.logprobs.token_logprobs[1:-1] == block.token_logprobs[1:] and one.text.startswith(prompt)
+        plain = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, echo=True, temperature=0)
+        assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
+        chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=3, echo=True, logprobs=0,
+                                                temperature=0, stream=True))
+        assert chunks[0].choices[0].text == prompt and chunks[0].choices[0].logprobs.token_logprobs[0] is None
+        assert "".join(c.choices[0].text for c in chunks) == one.text[: len(prompt)] + "".join(
+            c.choices[0].text for c in chunks[1:])

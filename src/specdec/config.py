@@ -48,6 +48,10 @@ class SamplingParams:
     # The target's log-probability of each returned token and of its `logprobs` most likely alternatives (0-20;
     # None: none are computed), from the verify pass's rows (core/logprobs.py).
     logprobs: int | None = None
+    # The target's log-probability of each prompt token after the first (and of its `prompt_logprobs` most likely
+    # alternatives, 0-20), from the prefill's rows: completions' echo, what lm-evaluation-harness scores. The
+    # prompt is then prefilled whole (no cached prefix has the rows), and max_tokens may be 0 (score only).
+    prompt_logprobs: int | None = None
     # Or a grammar in llguidance's Lark dialect (what tool_choice "required" builds: toolcalls/grammar.py).
     lark_grammar: str | None = None
 
@@ -88,6 +92,10 @@ class SamplingParams:
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
                                          and 0 <= self.logprobs <= 20),
                f"logprobs must be an integer in [0, 20] (the alternatives per token) or None, got {self.logprobs!r}")
+        _check(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int)
+                                                and not isinstance(self.prompt_logprobs, bool)
+                                                and 0 <= self.prompt_logprobs <= 20),
+               f"prompt_logprobs must be an integer in [0, 20] or None, got {self.prompt_logprobs!r}")
         _check(isinstance(self.repeat_last_n, int) and self.repeat_last_n >= -1,
                f"repeat_last_n must be an integer >= -1 (-1: the whole context), got {self.repeat_last_n!r}")
         if isinstance(self.stop, str):
@@ -108,8 +116,9 @@ class SamplingParams:
             f"min_p must be in [0, 1), got {self.min_p!r}",
         )
         _check(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
-            f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
+            isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
+            and self.max_tokens >= (0 if self.prompt_logprobs is not None else 1),
+            f"max_tokens must be an integer >= 1 (0 only with prompt_logprobs), got {self.max_tokens!r}",
         )
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
         _check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")

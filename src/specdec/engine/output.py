@@ -26,6 +26,8 @@ class StepOutput:
     error: BaseException | None = None
     stats: SpecStats | None = None  # the request's statistics so far
     logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
+    # On the first record, with params.prompt_logprobs: one per prompt token after the first (the first has none).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     @property
     def finished(self) -> bool:
@@ -45,6 +47,7 @@ class Generation:
     stats: SpecStats
     from_draft: list[bool] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
+    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token after the first, when asked for
 
 
 __all__ = ["Chunk", "Generation", "StepOutput"]

@@ -199,8 +199,9 @@ class BatchEngine:
         slot.retained.group = self._slot_group if len(self.slots) <= room else None
         # Keep the longest common prefix of what the slot's cache holds and prompt[:-1]; prefill only the rest (at
         # least the last prompt token, whose logits give the first token).
+        # A request scoring its prompt needs every prompt row's logits: no cached prefix has them.
         sequence.prefilled = slot.retained.claim(self.target, cache, prompt[:-1],
-                                                 self.reuses_prefix and same_partition)
+                                                 self.reuses_prefix and same_partition and not sequence.scores_prompt)
         slot.partition = partition
         stats.num_cached_prompt_tokens = sequence.prefilled
         slot.sequence = sequence
@@ -337,10 +338,12 @@ class BatchEngine:
                 if plan.decode:
                     outputs.append(self._finish_decode(plan, rows_logits, target_seconds, len(plans) > 1))
                     continue
+                if sequence.scores_prompt:
+                    self._score_prompt_rows(sequence, len(plan.rows.tokens), rows_logits)
                 sequence.prefilled += len(plan.rows.tokens)
                 if not sequence.prefilling:
                     sequence.stats.prefill_seconds = time.perf_counter() - sequence.began
-                    outputs.append(self._first_token(sequence, rows_logits))
+                    outputs.append(self._first_token(sequence, rows_logits[-1:]))
             except Exception as exc:  # noqa: BLE001 - that sequence's verification failed; the others go on
                 self._leave(sequence, "error", clean=False)
                 outputs.append(_failed(sequence, exc))
@@ -384,8 +387,8 @@ class BatchEngine:
         rows = prompt.rows
         others = sum(len(p.rows.tokens) for p in plans[1:])
         keep = self.target.prompt_rows_beside(len(rows.tokens), rows.num_logits, others)
-        if keep < len(rows.tokens):
-            prompt.rows = BatchRows(rows.tokens[:keep], rows.cache, 0)  # no longer the prompt's last row
+        if keep < len(rows.tokens):  # no longer the prompt's last row
+            prompt.rows = BatchRows(rows.tokens[:keep], rows.cache, keep if prompt.sequence.scores_prompt else 0)
 
     def _record_shared_pass(self, rows: int, seconds: float, alpha: float = 0.1) -> None:
         """Keep what a decode-only pass of several sequences costs per row count (a running mean, then an EWMA):
@@ -417,7 +420,8 @@ class BatchEngine:
                 other.passed_over += size
         tokens = sequence.prompt[sequence.prefilled:sequence.prefilled + size]
         last = sequence.prefilled + size == len(sequence.prompt)
-        return [StepPlan(sequence, BatchRows(tokens, sequence.slot.cache, 1 if last else 0), decode=False)]
+        wanted = len(tokens) if sequence.scores_prompt else 1 if last else 0
+        return [StepPlan(sequence, BatchRows(tokens, sequence.slot.cache, wanted), decode=False)]
 
     def _policy(self, sequence: RunningSequence, source: str | None):
         """The k policy of one draft source for this sequence.
@@ -583,10 +587,24 @@ class BatchEngine:
             draft_probs = torch.nn.functional.pad(draft_probs, (0, target_probs.shape[-1] - draft_probs.shape[-1]))
         return verify_sampled(proposed, draft_probs, target_probs, sequence.generator)
 
+    @staticmethod
+    def _score_prompt_rows(sequence: RunningSequence, rows: int, logits: torch.Tensor) -> None:
+        """The log-probabilities of the prompt tokens this chunk's rows predict: row i of a chunk starting at
+        position a scored the prompt's first a + i + 1 tokens, so it gives token a + i + 1 (the chunk's last row
+        gives the next chunk's first token, or for the last chunk the first generated token: not a prompt's)."""
+        start = sequence.prefilled
+        following = sequence.prompt[start + 1 : start + rows + 1]
+        if sequence.prompt_logprobs is None:
+            sequence.prompt_logprobs = []
+        sequence.prompt_logprobs += row_logprobs(logits[: len(following)], following, sequence.params.prompt_logprobs)
+
     def _first_token(self, sequence: RunningSequence, logits: torch.Tensor) -> StepOutput:
         """The token the prompt's last row gives: the verification rule with nothing drafted, as in plain decoding;
-        the pass was the prefill's, so it is not counted as a decoding step."""
-        return self._emit(sequence, [self._verdict(sequence, [], None, logits).next_token], [False])
+        the pass was the prefill's, so it is not counted as a decoding step. With max_tokens 0 (a prompt scored
+        only) no token is kept: the request ends "length"."""
+        output = self._emit(sequence, [self._verdict(sequence, [], None, logits).next_token], [False])
+        output.prompt_logprobs = sequence.prompt_logprobs
+        return output
 
     def _emit(self, sequence: RunningSequence, new_tokens: list[int], new_from_draft: list[bool]) -> StepOutput:
         """Append a step's tokens to the sequence, cut at EOS, a stop string or max_tokens; trim the cache to the

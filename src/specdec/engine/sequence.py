@@ -57,6 +57,12 @@ class RunningSequence:
     partition: object = None  # who may share its caches: a request reuses only what its own partition left
     processor: LogitsProcessor | None = None  # penalties, logit_bias (a grammar): applied at every verified row
     pending_logprobs: list | None = None  # the last verdict's tokens' log-probabilities, until _emit takes them
+    prompt_logprobs: list | None = None  # the prompt tokens' log-probabilities (params.prompt_logprobs), as prefilled
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether every prefill row's logits are wanted (the prompt's log-probabilities)."""
+        return self.params.prompt_logprobs is not None
 
     @property
     def prefilling(self) -> bool:

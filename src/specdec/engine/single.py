@@ -123,15 +123,17 @@ class SpeculativeEngine:
         logprobs = [] if params.logprobs is not None else None
         texts: list[str] = []
         finish = "length"
+        prompt_logprobs = None
         stream = self.stream(prompt, params)
         for chunk in stream:
+            prompt_logprobs = chunk.prompt_logprobs if chunk.prompt_logprobs is not None else prompt_logprobs
             tokens += chunk.tokens
             from_draft += chunk.from_draft
             if logprobs is not None:
                 logprobs += chunk.logprobs or []
             texts.append(chunk.text)
             finish = chunk.finish_reason or finish
-        return Generation(tokens, "".join(texts), finish, self.last_stats, from_draft, logprobs)
+        return Generation(tokens, "".join(texts), finish, self.last_stats, from_draft, logprobs, prompt_logprobs)
 
     def stream(self, prompt: Sequence[int], params: SamplingParams) -> Iterator[StepOutput]:
         """Yield the request's StepOutputs until EOS, a stop string or max_tokens (the last one says which);

@@ -365,7 +365,11 @@ def create_app(
         else:
             prompt_ids = prompt  # token ids: _check_fits refuses a list too long by its length alone
         check_fits(state, prompt_ids, params, "prompt")
-        ctx = ResponseContext("completion", model, logprobs=_shaper(state, params))
+        echo = None
+        if req.echo:  # the prompt written back ahead of the completion, as the client sent it
+            echo = (prompt if isinstance(prompt, str) else state.engine.decode(prompt_ids), list(prompt_ids))
+        ctx = ResponseContext("completion", model, logprobs=_shaper(state, params, list_eos=bool(req.echo)),
+                              echo=echo)
         return await _respond(state, ctx, prompt_ids, params, req, request)
 
     @app.post("/v1/chat/completions", responses={200: {"model": ChatCompletionResponse, "content": SSE_RESPONSE,
@@ -408,10 +412,10 @@ def create_app(
 # --------------------------------------------------------------------------------------------- helpers
 
 
-def _shaper(state: ServerState, params) -> LogprobShaper | None:
+def _shaper(state: ServerState, params, list_eos: bool = False) -> LogprobShaper | None:
     if params.logprobs is None:
         return None
-    return LogprobShaper(state.decoder.tokenizer, state.engine.target.eos_token_ids)
+    return LogprobShaper(state.decoder.tokenizer, state.engine.target.eos_token_ids, list_eos)
 
 
 def _single_prompt(prompt) -> str | list[int]:
@@ -442,6 +446,7 @@ async def _respond(state: ServerState, ctx: ResponseContext, prompt_ids, params,
 async def _collect(state: ServerState, ctx: ResponseContext, job: Job, request: Request) -> JSONResponse:
     texts: list[str] = []
     logprobs: list = []
+    prompt_logprobs = None
     watcher = asyncio.create_task(watch_disconnect(request, job))
     try:
         async for output in job.outputs_until_done():
@@ -449,11 +454,12 @@ async def _collect(state: ServerState, ctx: ResponseContext, job: Job, request: 
                 raise engine_error(output.error)
             texts.append(output.text)
             logprobs += output.logprobs or []
+            prompt_logprobs = output.prompt_logprobs if output.prompt_logprobs is not None else prompt_logprobs
     finally:
         watcher.cancel()
         job.cancel()
     finish = job.finish_reason if job.finish_reason in ("stop", "length") else None
-    body = ctx.full("".join(texts), finish, _usage(job), state.specdec_stats(job), logprobs)
+    body = ctx.full("".join(texts), finish, _usage(job), state.specdec_stats(job), logprobs, prompt_logprobs)
     return JSONResponse(body)
 
 
@@ -481,6 +487,12 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
                 state.metrics.request_error(error.status)
                 yield sse.event(error.body())
                 continue
+            if ctx.echo is not None:  # the prompt goes out first, with its scores (the first output has them)
+                text, shaped = ctx.echoed(output.prompt_logprobs)
+                chunk = ctx.chunk(text)
+                chunk["choices"][0]["logprobs"] = shaped
+                yield sse.event({**chunk, **({"usage": None} if include_usage else {})})
+                ctx.echo = None
             pending += output.logprobs or []  # sent with the next chunk that carries text
             for text in (pacer.feed(output) if pacer is not None else [output.text] if output.text else []):
                 for chunk in (calls.feed(text) if calls is not None else [ctx.chunk(text)]):

@@ -29,9 +29,11 @@ def _byte_decoder() -> dict[str, int]:
 class LogprobShaper:
     """One request's log-probabilities as OpenAI writes them; keeps the completion text offset across chunks."""
 
-    def __init__(self, tokenizer, eos: Collection[int]):
+    def __init__(self, tokenizer, eos: Collection[int], list_eos: bool = False):
         self.tokenizer = tokenizer
-        self.eos = frozenset(eos)
+        # An echoed prompt's scores are read by position (lm-evaluation-harness drops the last entry, the
+        # generated token's): there an EOS the model chose is listed too, so every position is there.
+        self.eos = frozenset() if list_eos else frozenset(eos)
         self.offset = 0
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - one shaper per request, a bounded cache
@@ -65,5 +67,26 @@ class LogprobShaper:
         return {"tokens": [self.text(lp.token) for lp in listed], "token_logprobs": [lp.logprob for lp in listed],
                 "top_logprobs": [{self.text(t): p for t, p in lp.top} for lp in listed], "text_offset": offsets}
 
+    def prompt(self, prompt_ids: Sequence[int], scored: Sequence[TokenLogprob] | None) -> dict[str, Any]:
+        """An echoed prompt in completions' shape: its first token has no log-probability (nothing precedes
+        it: null, as OpenAI writes it), each other token the prefill row's before it."""
+        ids = list(prompt_ids)
+        scored = list(scored or ())
+        texts = [self.text(t) for t in ids]
+        offsets = []
+        for text in texts:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {"tokens": texts, "token_logprobs": [None] + [lp.logprob for lp in scored][: len(ids) - 1],
+                "top_logprobs": [None] + [{self.text(t): p for t, p in lp.top} for lp in scored][: len(ids) - 1],
+                "text_offset": offsets}
+
     def shape(self, kind: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any]:
         return self.chat(logprobs) if kind == "chat" else self.completion(logprobs)
+
+
+def joined(first: dict[str, Any] | None, then: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two completions-shaped logprobs objects as one (an echoed prompt's, then the completion's)."""
+    if first is None or then is None:
+        return first if then is None else then
+    return {key: list(first[key]) + list(then[key]) for key in first}

@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 from specdec.config import ConfigError, SamplingParams
 from specdec.core.logprobs import MAX_TOP_LOGPROBS
 from specdec.server.errors import bad_request, unsupported
+from specdec.server.logprob_reply import joined
 from specdec.server.request_limits import (
     MAX_CHAT_MESSAGES,
     MAX_CONTENT_PARTS,
@@ -214,8 +215,8 @@ class ChatCompletionRequest(_GenerationRequest):
 
 
 def check_completion_options(req: CompletionRequest) -> None:
-    if req.echo:
-        raise unsupported("echo")
+    if req.echo and req.suffix is not None:
+        raise bad_request("echo cannot be combined with suffix", "echo")
     if req.best_of not in (None, 1):
         raise unsupported("best_of", "only best_of=1")
 
@@ -245,8 +246,13 @@ def sampling_params(req: _GenerationRequest, max_tokens: int | None, default_max
     penalties = penalty_options(req)
     penalties["json_schema"] = response_schema(req.response_format)
     penalties["logprobs"] = requested_logprobs(req)
-    if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"{max_tokens_param} must be at least 1, got {max_tokens}", max_tokens_param)
+    echo = isinstance(req, CompletionRequest) and bool(req.echo)
+    if echo and (penalties["logprobs"] is not None or max_tokens == 0):
+        # The prompt's own scores from the prefill (what lm-evaluation-harness reads); max_tokens 0: only them.
+        penalties["prompt_logprobs"] = penalties["logprobs"] or 0
+    if max_tokens is not None and max_tokens < (0 if echo else 1):
+        raise bad_request(f"{max_tokens_param} must be at least 1 (0 only with echo), got {max_tokens}",
+                          max_tokens_param)
     temperature = 1.0 if req.temperature is None else req.temperature
     if not math.isfinite(temperature) or temperature < 0:
         raise bad_request(f"temperature must be a finite number >= 0, got {temperature}", "temperature")
@@ -457,11 +463,12 @@ class ResponseContext:
     """The envelope fields every body and chunk of one request shares, and its tool plan (chat with tools)."""
 
     def __init__(self, kind: Literal["completion", "chat"], model: str, tools: ToolPlan | None = None,
-                 logprobs=None):
+                 logprobs=None, echo: tuple[str, list[int]] | None = None):
         self.kind = kind
         self.model = model
         self.tools = tools
         self.logprobs = logprobs  # a LogprobShaper when the request asked for logprobs (server/logprob_reply.py)
+        self.echo = echo  # completions' echo: the prompt's text and ids, written ahead of the completion
         self.id = new_id("cmpl" if kind == "completion" else "chatcmpl")
         self.created = int(time.time())
 
@@ -471,11 +478,18 @@ class ResponseContext:
     def _logprobs(self, logprobs) -> dict[str, Any] | None:
         return self.logprobs.shape(self.kind, logprobs) if self.logprobs is not None else None
 
+    def echoed(self, prompt_logprobs) -> tuple[str, dict[str, Any] | None]:
+        """The echoed prompt's text and, when logprobs were asked for, its log-probabilities (first: null)."""
+        text, ids = self.echo
+        return text, (self.logprobs.prompt(ids, prompt_logprobs) if self.logprobs is not None else None)
+
     def full(self, text: str, finish_reason: str | None, usage_: dict, specdec: dict | None,
-             logprobs=None) -> dict[str, Any]:
+             logprobs=None, prompt_logprobs=None) -> dict[str, Any]:
         if self.kind == "completion":
             body = self._envelope("text_completion")
-            body["choices"] = [{"index": 0, "text": text, "logprobs": self._logprobs(logprobs),
+            head, head_logprobs = self.echoed(prompt_logprobs) if self.echo is not None else ("", None)
+            body["choices"] = [{"index": 0, "text": head + text,
+                                "logprobs": joined(head_logprobs, self._logprobs(logprobs)),
                                 "finish_reason": finish_reason}]
         else:
             body = self._envelope("chat.completion")
