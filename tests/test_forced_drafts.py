@@ -81,7 +81,7 @@ def masked_distribution(model, prompt, params, token, positions, length):
     return exact.reshape(-1)
 
 
-def run(engine, prompt, params, processor, steps=None):
+def run(engine, prompt, params, processor):
     engine.add(prompt, params, processor=processor)
     tokens = []
     while engine.running:
@@ -204,12 +204,7 @@ def test_a_rejected_forced_token_leaves_the_draft_models_cache_in_step_with_the_
 
     drafter.propose = checked_propose
     engine = BatchEngine(target, drafter, spec)
-    engine.add(prompt, SamplingParams(max_tokens=24, ignore_eos=True), processor=HintsAt(0, positions))
-    tokens = []
-    while engine.running:
-        for output in engine.step():
-            assert output.error is None
-            tokens += output.tokens
+    tokens = run(engine, prompt, SamplingParams(max_tokens=24, ignore_eos=True), HintsAt(0, positions))
     assert checked
     stats = engine.total_stats
     rejected = stats.num_forced_tokens - stats.num_forced_accepted_tokens

@@ -478,6 +478,7 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
         pacer = TokenPacer(state.limits.stream_tokens_per_event, state.engine.decode, job.params.stop, eos)
     calls = ToolCallChunks(ctx) if ctx.tools is not None else None
     pending: list = []  # log-probabilities of tokens whose text has not gone out yet
+    echo_pending = ctx.echo is not None  # completions' echo: the prompt not yet sent
     try:
         if ctx.kind == "chat":
             yield sse.event(ctx.chunk("", role=True, include_usage=include_usage))
@@ -487,12 +488,12 @@ async def _sse_stream(state: ServerState, ctx: ResponseContext, job: Job, includ
                 state.metrics.request_error(error.status)
                 yield sse.event(error.body())
                 continue
-            if ctx.echo is not None:  # the prompt goes out first, with its scores (the first output has them)
+            if echo_pending:  # the prompt goes out first, with its scores (the first output has them)
                 text, shaped = ctx.echoed(output.prompt_logprobs)
                 chunk = ctx.chunk(text)
                 chunk["choices"][0]["logprobs"] = shaped
                 yield sse.event({**chunk, **({"usage": None} if include_usage else {})})
-                ctx.echo = None
+                echo_pending = False
             pending += output.logprobs or []  # sent with the next chunk that carries text
             for text in (pacer.feed(output) if pacer is not None else [output.text] if output.text else []):
                 for chunk in (calls.feed(text) if calls is not None else [ctx.chunk(text)]):

@@ -60,12 +60,18 @@ class LogprobShaper:
 
     def completion(self, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any]:
         listed = self._listed(logprobs)
+        texts = [self.text(lp.token) for lp in listed]
+        return {"tokens": texts, "token_logprobs": [lp.logprob for lp in listed],
+                "top_logprobs": [{self.text(t): p for t, p in lp.top} for lp in listed],
+                "text_offset": self._offsets(texts)}
+
+    def _offsets(self, texts: Sequence[str]) -> list[int]:
+        """Each text's offset in the reply so far (completions' text_offset), the running offset moved past them."""
         offsets = []
-        for lp in listed:
+        for text in texts:
             offsets.append(self.offset)
-            self.offset += len(self.text(lp.token))
-        return {"tokens": [self.text(lp.token) for lp in listed], "token_logprobs": [lp.logprob for lp in listed],
-                "top_logprobs": [{self.text(t): p for t, p in lp.top} for lp in listed], "text_offset": offsets}
+            self.offset += len(text)
+        return offsets
 
     def prompt(self, prompt_ids: Sequence[int], scored: Sequence[TokenLogprob] | None) -> dict[str, Any]:
         """An echoed prompt in completions' shape: its first token has no log-probability (nothing precedes
@@ -73,13 +79,9 @@ class LogprobShaper:
         ids = list(prompt_ids)
         scored = list(scored or ())
         texts = [self.text(t) for t in ids]
-        offsets = []
-        for text in texts:
-            offsets.append(self.offset)
-            self.offset += len(text)
         return {"tokens": texts, "token_logprobs": [None] + [lp.logprob for lp in scored][: len(ids) - 1],
                 "top_logprobs": [None] + [{self.text(t): p for t, p in lp.top} for lp in scored][: len(ids) - 1],
-                "text_offset": offsets}
+                "text_offset": self._offsets(texts)}
 
     def shape(self, kind: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any]:
         return self.chat(logprobs) if kind == "chat" else self.completion(logprobs)

@@ -37,6 +37,11 @@ def read_call(body: str, fmt: ToolCallFormat, names: Collection[str]) -> ToolCal
         value = json.loads(body)
     except ValueError:
         return None
+    return _call_of(value, fmt, names)
+
+
+def _call_of(value, fmt: ToolCallFormat, names: Collection[str]) -> ToolCall | None:
+    """read_call's rule on a decoded JSON value: an object naming a known tool, with JSON-object arguments."""
     if not isinstance(value, dict):
         return None
     name, arguments = value.get(fmt.name_key), value.get(fmt.arguments_key, {})
@@ -67,27 +72,23 @@ def whole_json_calls(text: str, fmt: ToolCallFormat, names: Collection[str]) -> 
         value = json.loads(body)
     except ValueError:
         return None
-    items = value if isinstance(value, list) else [value]
+    return _all_calls(value if isinstance(value, list) else [value], fmt, names)
+
+
+def _all_calls(items: list, fmt: ToolCallFormat, names: Collection[str]) -> list[ToolCall] | None:
+    """Each decoded item as a call, its arguments under either family's key ("arguments", or Llama 3's
+    "parameters"); None when there are none or any one is not a call (then none is returned)."""
     calls = []
     for item in items:
-        call = _json_call(item, fmt, names)
+        if isinstance(item, dict) and fmt.arguments_key not in item:
+            key = next((k for k in ("arguments", "parameters") if k in item), None)
+            if key is not None:
+                item = {**item, fmt.arguments_key: item[key]}
+        call = _call_of(item, fmt, names)
         if call is None:
             return None
         calls.append(call)
     return calls or None
-
-
-def _json_call(item, fmt: ToolCallFormat, names: Collection[str]) -> ToolCall | None:
-    """One call as a decoded JSON value, its arguments under either family's key ("arguments", or Llama 3's
-    "parameters"), or None when it is not one."""
-    if not isinstance(item, dict):
-        return None
-    if fmt.arguments_key not in item:
-        for key in ("arguments", "parameters"):
-            if key in item:
-                item = {**item, fmt.arguments_key: item[key]}
-                break
-    return read_call(json.dumps(item), fmt, names)
 
 
 def array_calls(body: str, fmt: ToolCallFormat, names: Collection[str]) -> list[ToolCall] | None:
@@ -97,10 +98,7 @@ def array_calls(body: str, fmt: ToolCallFormat, names: Collection[str]) -> list[
         value = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(value, list) or not value:
-        return None
-    calls = [_json_call(item, fmt, names) for item in value]
-    return None if any(call is None for call in calls) else calls
+    return _all_calls(value, fmt, names) if isinstance(value, list) else None
 
 
 def _partial_tag(text: str, tag: str) -> int:
