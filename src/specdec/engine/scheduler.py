@@ -470,8 +470,7 @@ class BatchEngine:
         policy and caps k."""
         # Invariant: the target cache holds every context token except the last.
         drafter = sequence.slot.drafter
-        cap = self._draft_room(sequence) - len(forced)
-        if drafter is None or cap <= 0:
+        if drafter is None:
             return None, 0
         # Sources differ in acceptance and cost (an n-gram copy vs a draft model), so each has its own policy;
         # None means the drafter has nothing to propose: a plain step.
@@ -480,6 +479,7 @@ class BatchEngine:
         if source is None:
             return None, 0
         policy = self._policy(sequence, source)
+        cap = self._draft_room(sequence) - len(forced)  # the policy still decides at a step with no room (k 0)
         # A deterministic drafter's plan is a function of the context, so the tokens that follow score it whatever
         # k is chosen: a policy that learns from plans learns acceptance from every step, never drafting to find out.
         planned = drafter.plan(context) if policy.can_learn_from_plans else None
